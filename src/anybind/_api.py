@@ -1,0 +1,194 @@
+"""The user API: ``bind`` and the ``Op`` it returns."""
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any, Callable, Literal, Union
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util
+
+from ._primitive import Family
+from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
+
+VmapMode = Union[Literal["sequential", "vectorized"], Callable[..., Any]]
+
+
+class Op:
+    """A function bound into JAX as a family of primitives. Create with ``ab.bind``.
+
+    >>> import anybind as ab, numpy as np, jax
+    >>> square = ab.bind(np.square, shape=ab.like(0), name="square")
+    >>> @square.def_jvp
+    ... def _(primals, tangents):
+    ...     (x,), (dx,) = primals, tangents
+    ...     return 2 * x * dx
+    >>> float(jax.jvp(square, (3.0,), (1.0,))[1])
+    6.0
+    """
+
+    def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear: bool,
+                 vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None):
+        if not callable(fn):
+            raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = _primitive_name(name or getattr(fn, "__name__", None) or "op")
+        self.shape = shape
+        self.linear = bool(linear)
+        self.traced = bool(traced)
+        self.has_side_effect = bool(has_side_effect)
+        self.jvp_rule: Rule | None = None
+        self.vjp_rule: Rule | None = None
+        self.transpose_rule: Rule | None = None
+        self.vmap: str = "sequential"
+        self.vmap_rule: Rule | None = None
+        if vmap in ("sequential", "vectorized"):
+            self.vmap = vmap
+        elif callable(vmap):
+            self.def_vmap(vmap, traced=traced)
+        else:
+            raise ValueError(f"anybind op '{self.name}': vmap must be 'sequential', "
+                             f"'vectorized' or a rule, got {vmap!r}")
+        if jvp is not None:
+            self.def_jvp(jvp, traced=traced)
+        if vjp is not None:
+            self.def_vjp(vjp, traced=traced)
+        if transpose is not None:
+            self.def_transpose(transpose, traced=traced)
+        self._family = Family(self)
+        self._calls: dict = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        rules = [k for k in ("jvp", "vjp", "transpose", "vmap")
+                 if getattr(self, f"{k}_rule") is not None]
+        return (f"<anybind op '{self.name}' {'traced' if self.traced else 'host'}"
+                f"{' linear' if self.linear else ''} rules={rules} vmap={self.vmap!r}>")
+
+    # ---------------------------------------------------------------- rules
+
+    def _set(self, kind: str, rule, traced: bool):
+        def register(r):
+            if not callable(r):
+                raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
+                                f"got {type(r).__name__}")
+            setattr(self, f"{kind}_rule", Rule(r, bool(traced)))
+            return r
+        return register if rule is None else register(rule)
+
+    def def_jvp(self, rule: Callable | None = None, *, traced: bool = False):
+        """Set the JVP rule ``jvp(primals, tangents, **kw) -> output tangent(s)``.
+
+        Computes ∂f(x)·ẋ. ``primals`` and ``tangents`` are tuples matching the
+        positional arguments; zero tangents arrive as zero arrays, integer
+        inputs' tangents as ``None``; return ``None`` for a zero output tangent.
+        Usable as a decorator.
+        """
+        return self._set("jvp", rule, traced)
+
+    def def_vjp(self, rule: Callable | None = None, *, traced: bool = False):
+        """Set the VJP rule ``vjp(primals, cotangent, **kw) -> tuple``.
+
+        Computes ∂f(x)ᵀ·ȳ: one cotangent per positional argument (a pytree like
+        it, or ``None`` for zero). ``cotangent`` matches the output; zero ones
+        arrive as zero arrays, integer outputs' as ``None``. Usable as a decorator.
+        """
+        return self._set("vjp", rule, traced)
+
+    def def_transpose(self, rule: Callable | None = None, *, traced: bool = False):
+        """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
+
+        Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
+        (``None`` for zero). Usable as a decorator.
+        """
+        if not self.linear:
+            raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
+                            f"with linear=True")
+        return self._set("transpose", rule, traced)
+
+    def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
+        """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
+
+        Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
+        bools (pytrees like the arguments), with ``in_batched.kwargs`` for
+        keyword operands; ``out_batched`` is a bool or a pytree like ``out``.
+        Usable as a decorator.
+        """
+        return self._set("vmap", rule, traced)
+
+    # ---------------------------------------------------------------- calls
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        operands, static = split_kwargs(self, kwargs)
+        xs, args_tree = tree_util.tree_flatten(args)
+        ks, kw_tree = tree_util.tree_flatten(operands)
+        xs = [_as_operand(self, x, f"positional input leaf {i}") for i, x in enumerate(xs)]
+        ks = [_as_operand(self, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
+        key = (args_tree, kw_tree, static,
+               tuple(to_aval(x) for x in xs), tuple(to_aval(k) for k in ks))
+        call = self._calls.get(key)
+        if call is None:
+            call = self._make_call(*key)
+        outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
+        return tree_util.tree_unflatten(call.out_tree, outs)
+
+    def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals) -> Call:
+        out_tree, out_avals, paths = infer_outputs(
+            self, args_tree, kw_tree, static, in_avals, kw_avals)
+        kw_paths = tuple(tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(
+            kw_tree.unflatten(range(len(kw_avals))))[0])
+        call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
+                    out_avals, paths, kw_paths)
+        with self._lock:
+            self._calls[(args_tree, kw_tree, static, in_avals, kw_avals)] = call
+        return call
+
+
+def _as_operand(op: Op, x, what: str):
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return x
+    try:
+        return jnp.asarray(x)
+    except TypeError:
+        raise TypeError(f"anybind op '{op.name}': {what} must be an array or a number, got "
+                        f"{type(x).__name__}") from None
+
+
+def _primitive_name(name: str) -> str:
+    cleaned = re.sub(r"\W+", "_", name).strip("_")
+    return cleaned or "op"
+
+
+def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpose=None,
+         linear: bool = False, vmap: VmapMode = "sequential", traced: bool = False,
+         has_side_effect: bool = False, name: str | None = None):
+    """Bind ``fn`` into JAX as a primitive that works under every transformation.
+
+    Args:
+      fn: the function. Host code (NumPy, SciPy, C wrappers) by default; JAX
+        code with ``traced=True``. Positional arguments are differentiable
+        pytrees of arrays; keyword arrays are non-differentiable operands; other
+        keywords are static and reach ``fn`` and every rule.
+      shape: the output spec: ``ab.like(i)``, a pytree of ``jax.ShapeDtypeStruct``,
+        or a callable of the inputs' ShapeDtypeStructs. Inferred when traced.
+      jvp, vjp, transpose: rules (see ``Op.def_jvp`` and friends), of the same
+        kind (host or traced) as ``fn``.
+      linear: ``fn`` is linear in its positional arguments jointly.
+      vmap: ``"sequential"``, ``"vectorized"`` or a batching rule.
+      traced: ``fn`` (and the rules given here) are JAX code, traced inline.
+      has_side_effect: every call runs exactly once; XLA may not drop or merge it.
+      name: the primitive's name; defaults to ``fn.__name__``.
+
+    >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
+    >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
+    ...               jvp=lambda p, t: p[1]**2 * t[0] + 2 * p[0] * p[1] * t[1],
+    ...               vjp=lambda p, ct: (p[1]**2 * ct, 2 * p[0] * p[1] * ct), name="mul")
+    >>> jax.grad(lambda a, b: mul(a, b).sum(), argnums=1)(jnp.ones(2), jnp.full(2, 3.0))
+    Array([6., 6.], dtype=float32)
+    """
+    options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
+                   vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name)
+    if fn is None:
+        return lambda f: Op(f, **options)
+    return Op(fn, **options)

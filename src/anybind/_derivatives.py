@@ -1,0 +1,266 @@
+"""JVP and transpose rules of every primitive in an op's family.
+
+The JVP of ``f`` emits ``f_jvp`` (or inlines a traced rule); ``f_jvp`` and
+``f_vjp`` are linear in their last operands and transpose into each other;
+``f`` of a linear op and ``f_transpose`` transpose into each other. A derived
+primitive's JVP in its non-linear operands is JAX's own derivative of a traced
+rule; a host rule cannot be differentiated and says so.
+
+Zeros: a symbolic-zero tangent or cotangent is never materialised here; it
+is left out of the operands and recorded in ``lin``. An output whose tangent
+is known to be zero leaves as ``ad.Zero``.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax._src import dtypes
+from jax.interpreters import ad
+
+from . import _impls
+from ._batching import sum_unbatched, vmapped
+from ._roles import (Layout, MissingRuleError, checked, make_run, out_avals, out_names,
+                         rule_of)
+from ._spec import Call, is_float
+
+
+def _nonzero(t) -> bool:
+    return type(t) is not ad.Zero and dtypes.dtype(t) != dtypes.float0
+
+
+def _keyword_error(call: Call, i: int, role: str, action: str) -> TypeError:
+    return TypeError(
+        f"anybind op '{call.op.name}': {call.kw_name(i)} is a non-differentiable operand, but "
+        f"{action} through the {_impls.ROLE_NAMES[role]}. Pass it as a positional argument "
+        f"to differentiate with respect to it, or wrap it in jax.lax.stop_gradient")
+
+
+def _params(role, call, batch, lin, need) -> dict:
+    p = dict(call=call, batch=batch)
+    if role != "primal":
+        p.update(lin=lin, need=need)
+    return p
+
+
+# --------------------------------------------------------------------------- JVP
+
+def jvp_rule(fam, role, primals, tangents, *, call: Call, batch, lin=None, need=None):
+    """(x, ẋ) ↦ (f(x), ∂f(x)·ẋ) for any primitive of the family.
+
+    Zero tangents arrive as ``ad.Zero``; if all are zero the output tangents
+    leave as ``ad.Zero`` and no rule runs.
+    """
+    params = _params(role, call, batch, lin, need)
+    outs = fam[role].bind(*primals, **params)
+    lay = Layout(role, call, len(primals))
+    for k, i in enumerate(lay.ks):
+        if _nonzero(tangents[i]):
+            raise _keyword_error(call, k, role, "a tangent flows into it")
+    sel = [i for i in range(len(primals)) if i not in lay.ks and _nonzero(tangents[i])]
+    out_float = [is_float(o.aval) for o in outs]
+    if not sel:
+        return outs, [ad.Zero.from_primal_value(o) for o in outs]
+    if role == "primal" and not call.op.linear:
+        core = _primal_tangent(fam, call, tuple(i in sel for i in range(call.n_in)))
+    elif any(i in lay.nonlin for i in sel):
+        core = _traced_rule_tangent(role, call, lin, need, sel)
+    else:
+        core = _linear_tangent(fam, role, call, lin, need, lay, sel)
+    ts = [tangents[i] for i in sel]
+    if batch is not None:
+        core = vmapped(core, batch.mask + tuple(batch.mask[i] for i in sel), batch.size)
+    t_out = iter(core(*primals, *ts))
+    return outs, [next(t_out) if f else ad.Zero.from_primal_value(o)
+                  for o, f in zip(outs, out_float)]
+
+
+def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
+    """∂f(x)·ẋ for the float outputs, from whichever rules the op has."""
+    op = call.op
+    jr, vr = op.jvp_rule, op.vjp_rule
+    n, m = call.n_in, len(call.kw_avals)
+    avals = out_avals("jvp", call, None, None)
+    names = out_names("jvp", call, None)
+
+    if jr is None and vr is None and not op.traced:
+        raise MissingRuleError(
+            f"anybind op '{op.name}' has no derivative rules; add op.def_jvp(rule) for forward "
+            f"mode and op.def_vjp(rule) for reverse mode, a traced rule from which the other "
+            f"follows, or declare linear=True with a transpose rule")
+
+    def core(*ops):
+        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
+        if jr is None and vr is None:  # JAX's own derivative of a traced function
+            return _jax_jvp(call, present, xs, ks, ts)
+        if jr is not None and jr.traced and vr is None:
+            return checked(call, "jvp", _impls.jvp(call, jr.fn, present, jnp), avals, names)(*ops)
+        if jr is None and vr.traced:  # the jvp is the transpose of the traced vjp
+            run = checked(call, "vjp", _impls.vjp(call, vr.fn, call.float_out, present, jnp),
+                          out_avals("vjp", call, None, present), out_names("vjp", call, present))
+            sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+            return list(jax.linear_transpose(lambda *cts: run(*xs, *ks, *cts), *sds)(list(ts)))
+        return fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
+    return core
+
+
+def _jax_jvp(call: Call, present, xs, ks, ts) -> list:
+    fwd = _impls.primal(call, call.op.fn, jnp)
+    fidx = [i for i, f in enumerate(call.float_in) if f]
+
+    def f(*fx):
+        full = list(xs)
+        for i, v in zip(fidx, fx):
+            full[i] = v
+        return [o for o, fl in zip(fwd(*full, *ks), call.float_out) if fl]
+
+    it = iter(ts)
+    tangents = [next(it) if present[i] else jnp.zeros_like(xs[i]) for i in fidx]
+    return jax.jvp(f, [xs[i] for i in fidx], tangents)[1]
+
+
+def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list]:
+    """JVP of a derived primitive in its non-linear operands: JAX differentiates the rule."""
+    op = call.op
+    rule = rule_of(role, op)
+    if rule is None or not rule.traced:
+        kind = "missing" if rule is None else "host code"
+        raise MissingRuleError(
+            f"anybind op '{op.name}': a higher-order derivative differentiates its "
+            f"{_impls.ROLE_NAMES[role]}, which is {kind}. Host rules give first derivatives "
+            f"only; for higher orders register the rule as traced JAX code "
+            f"(op.def_{role}(rule, traced=True)), calling other bound ops where needed")
+    run = make_run(role, call, rule, lin, need, jnp, ())
+
+    def core(*ops):
+        n_ops = len(ops) - len(sel)
+        base = list(ops[:n_ops])
+
+        def g(*dv):
+            full = list(base)
+            for i, v in zip(sel, dv):
+                full[i] = v
+            return run(*full)
+        return jax.jvp(g, [base[i] for i in sel], list(ops[n_ops:]))[1]
+    return core
+
+
+def _linear_tangent(fam, role, call: Call, lin, need, lay: Layout, sel) -> Callable[..., list]:
+    """A primitive linear in its last operands is its own JVP in them."""
+    prim = fam[role]
+    n_nonlin = len(lay.nonlin)
+    if role == "primal":  # a linear op: f(ẋ), with zeros where ẋ is symbolic
+        def core(*ops):
+            ts = dict(zip(sel, ops[len(ops) - len(sel):]))
+            xs = [ts[i] if i in ts else jnp.zeros(a.shape, a.dtype)
+                  for i, a in enumerate(call.in_avals)]
+            return prim.bind(*xs, *ops[call.n_in:len(ops) - len(sel)], call=call, batch=None)
+        return core
+    positions = [p for p, b in enumerate(lin) if b]
+    chosen = {positions[i - n_nonlin] for i in sel}
+    new_lin = tuple(p in chosen for p in range(len(lin)))
+
+    def core(*ops):
+        n_ops = len(ops) - len(sel)
+        return prim.bind(*ops[:n_nonlin], *ops[n_ops:], call=call, batch=None,
+                         lin=new_lin, need=need)
+    return core
+
+
+# --------------------------------------------------------------------- transpose
+
+def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=None):
+    """ȳ ↦ Aᵀ·ȳ for the linear operands (``ad.UndefinedPrimal``) of a primitive.
+
+    Zero cotangents arrive as ``ad.Zero`` and are left out; operands that are
+    not linear inputs get ``None``.
+    """
+    op = call.op
+    lay = Layout(role, call, len(operands))
+    undefined = [isinstance(o, ad.UndefinedPrimal) for o in operands]
+    for i in lay.nonlin:
+        if undefined[i]:
+            if i in lay.ks:
+                raise _keyword_error(call, i - lay.ks.start, role, "a transpose was asked")
+            raise TypeError(
+                f"anybind op '{op.name}': the {_impls.ROLE_NAMES[role]} is not linear in "
+                f"positional input leaf {i - lay.xs.start}, but linear_transpose (or a "
+                f"transpose in reverse mode) treated it as linear. Declare linear=True only "
+                f"for ops linear in all positional arguments")
+    und = [undefined[i] for i in lay.lin]
+    present = tuple(type(c) is not ad.Zero for c in cts)
+    res = [None] * len(operands)
+    if not any(und) or not any(present):
+        return res
+    core = _TRANSPOSES[role](fam, call, lin, need, und, present)
+    nonlin = [operands[i] for i in lay.nonlin]
+    pcts = [c for c, p in zip(cts, present) if p]
+    lin_idx = [i for i, u in zip(lay.lin, und) if u]
+    if batch is None:
+        out = core(*nonlin, *pcts)
+    else:
+        out = vmapped(core, tuple(batch.mask[i] for i in lay.nonlin) + (True,) * len(pcts),
+                      batch.size)(*nonlin, *pcts)
+        out = [sum_unbatched(c, batch.mask[i]) for c, i in zip(out, lin_idx)]
+    for i, c in zip(lin_idx, out):
+        res[i] = c
+    return res
+
+
+def _t_primal(fam, call: Call, lin, need, und, present):
+    """f linear: ȳ ↦ f_transpose(ȳ)."""
+    def core(*ops):
+        m = len(call.kw_avals)
+        return fam["transpose"].bind(*ops, call=call, batch=None, lin=present,
+                                     need=tuple(und))
+    return core
+
+
+def _t_transpose(fam, call: Call, lin, need, und, present):
+    """f_transpose: x̄ ↦ f(x̄) at the present ȳ positions."""
+    positions = [p for p, b in enumerate(lin) if b]
+    wanted = [p for p, u in zip(positions, und) if u]
+    got = [i for i, k in enumerate(need) if k]
+    given = {i for i, p in zip(got, present) if p}
+
+    def core(*ops):
+        m = len(call.kw_avals)
+        ks, cts = ops[:m], iter(ops[m:])
+        xs = [next(cts) if i in given else jnp.zeros(a.shape, a.dtype)
+              for i, a in enumerate(call.in_avals)]
+        outs = fam["primal"].bind(*xs, *ks, call=call, batch=None)
+        return [outs[p] for p in wanted]
+    return core
+
+
+def _t_jvp(fam, call: Call, lin, need, und, present):
+    """f_jvp: ȳ ↦ f_vjp(x, ȳ) for the undefined ẋ."""
+    positions = [p for p, b in enumerate(lin) if b]
+    need_x = tuple(False for _ in lin)
+    wanted = {p for p, u in zip(positions, und) if u}
+    need_x = tuple(p in wanted for p in range(len(lin)))
+    it = iter(present)
+    ct_lin = tuple(next(it) if f else False for f in call.float_out)
+
+    def core(*ops):
+        return fam["vjp"].bind(*ops, call=call, batch=None, lin=ct_lin, need=need_x)
+    return core
+
+
+def _t_vjp(fam, call: Call, lin, need, und, present):
+    """f_vjp: x̄ ↦ f_jvp(x, x̄) for the undefined ȳ."""
+    positions = [p for p, b in enumerate(lin) if b]
+    got = [i for i, k in enumerate(need) if k]
+    given = {i for i, p in zip(got, present) if p}
+    ct_lin = tuple(i in given for i in range(call.n_in))
+    float_pos = [j for j, f in enumerate(call.float_out) if f]
+    wanted = [float_pos.index(p) for p, u in zip(positions, und) if u]
+
+    def core(*ops):
+        outs = fam["jvp"].bind(*ops, call=call, batch=None, lin=ct_lin, need=None)
+        return [outs[k] for k in wanted]
+    return core
+
+
+_TRANSPOSES = {"primal": _t_primal, "transpose": _t_transpose, "jvp": _t_jvp, "vjp": _t_vjp}

@@ -1,0 +1,136 @@
+"""How host code runs inside a compiled program.
+
+A host primitive lowers straight to XLA's buffer-callback custom call: the
+callback receives XLA's own input and output buffers, views them as NumPy
+arrays without copying, runs the user's code, checks every result against the
+declared shape and dtype, and writes it into the output buffer. The callback
+is registered with the module being compiled, so the executable keeps the
+user's function and rules alive for as long as it exists.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+from jax.interpreters import mlir
+import jax.ffi
+
+from ._spec import Batch, Call, InBatched
+
+_TARGETS = {"cpu": "xla_buffer_python_cpu_callback"}
+_SCALARS = (int, float, complex, bool)
+
+
+class HostError(RuntimeError):
+    """An error raised by, or about, host code while a compiled program ran."""
+
+
+def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool) -> np.ndarray:
+    """Check one returned value against the declared aval; never cast or broadcast silently."""
+    if isinstance(r, _SCALARS):
+        r = np.asarray(r, dtype=aval.dtype)
+    elif r is None:
+        raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
+                        f"{np.dtype(aval.dtype).name}{list(shape)}")
+    else:
+        r = np.asarray(r)
+    ok_shape = r.shape == shape or (allow_lead_one and r.shape == (1,) + shape[1:])
+    if not ok_shape or r.dtype != aval.dtype:
+        raise HostError(
+            f"anybind op '{call.op.name}': {what} has shape {r.shape} and dtype {r.dtype}; "
+            f"declared shape {shape} and dtype {np.dtype(aval.dtype).name}")
+    return r
+
+
+def _in_views(buffers) -> list:
+    views = []
+    for b in buffers:
+        a = np.asarray(b)
+        a.flags.writeable = False  # XLA owns these; a host function must not write into them
+        views.append(a)
+    return views
+
+
+def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: Sequence,
+                     out_names: Sequence[str], batch: Batch | None, mode) -> Callable:
+    """Returns ``runner(inputs, outputs)`` that fills the output arrays in place."""
+    def what(j, b=None):
+        row = "" if b is None else f" at batch index {b}"
+        return f"the {role_name}'s {out_names[j]}{row}"
+
+    if batch is None:
+        run = make_run(())
+
+        def runner(ins, outs):
+            for j, (r, o, a) in enumerate(zip(run(*ins), outs, out_avals)):
+                o[...] = _as_result(call, what(j), r, a, a.shape, False)
+        return runner
+
+    size, mask = batch.size, batch.mask
+    if mode == "vectorized":
+        run = make_run((1,))
+
+        def runner(ins, outs):
+            for j, (r, o, a) in enumerate(zip(run(*ins), outs, out_avals)):
+                o[...] = _as_result(call, what(j), r, a, (size,) + a.shape, True)
+        return runner
+
+    if mode == "sequential":
+        run = make_run(())
+
+        def runner(ins, outs):
+            for b in range(size):
+                row = [x[b] if m else x[0] for x, m in zip(ins, mask)]
+                for j, (r, o, a) in enumerate(zip(run(*row), outs, out_avals)):
+                    o[b] = _as_result(call, what(j, b), r, a, a.shape, False)
+        return runner
+
+    # A user vmap rule for the primal function.
+    rule = mode
+    n = call.n_in
+
+    def runner(ins, outs):
+        args = [x if m else x[0] for x, m in zip(ins, mask)]
+        in_batched = InBatched(call.args_tree.unflatten(mask[:n]))
+        in_batched.kwargs = call.kw_tree.unflatten(mask[n:])
+        res = rule.fn(size, in_batched, *call.args(args[:n]), **call.kwargs(args[n:]))
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise HostError(f"anybind op '{call.op.name}': the vmap rule must return a pair "
+                            f"(out, out_batched), got {type(res).__name__}")
+        out, out_batched = res
+        leaves = call.out_tree.flatten_up_to(out)
+        flags = ([out_batched] * len(leaves) if isinstance(out_batched, bool)
+                 else call.out_tree.flatten_up_to(out_batched))
+        for j, (r, f, o, a) in enumerate(zip(leaves, flags, outs, out_avals)):
+            shape = ((size,) if f else ()) + a.shape
+            o[...] = _as_result(call, f"the vmap rule's {out_names[j]}", r, a, shape, False)
+    return runner
+
+
+def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
+               has_side_effect: bool):
+    platforms = ctx.module_context.platforms
+    target = _TARGETS.get(platforms[0]) if len(platforms) == 1 else None
+    if target is None:
+        raise NotImplementedError(
+            f"anybind op '{call.op.name}': host code runs on the CPU backend only; this "
+            f"program is compiled for {platforms}. Bind a traced (JAX) function, or place "
+            f"the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
+    n_in = len(args)
+    op_name = call.op.name
+
+    def callback(exec_ctx, *buffers):
+        del exec_ctx
+        try:
+            runner(_in_views(buffers[:n_in]), [np.asarray(b) for b in buffers[n_in:]])
+        except HostError:
+            raise
+        except Exception as e:
+            raise HostError(f"anybind op '{op_name}': the {role_name} raised "
+                            f"{type(e).__name__}: {e}") from e
+        return ()
+
+    ctx.module_context.add_host_callback(callback)
+    index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    rule = jax.ffi.ffi_lowering(target, has_side_effect=has_side_effect)
+    return rule(ctx, *args, index=index)

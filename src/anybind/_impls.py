@@ -1,0 +1,145 @@
+"""Adapters between the user's pytree-level function and rules and the flat
+operand lists that primitives carry.
+
+Each builder returns ``run(*operands) -> list of output leaves`` for one role:
+
+=========  ==========================================  =======================
+role       operands                                    outputs
+=========  ==========================================  =======================
+primal     xs, ks                                      f(x) leaves
+jvp        xs, ks, ẋ (present ones, by ``lin``)         ∂f(x)·ẋ, float leaves
+vjp        xs, ks, ȳ (present ones, by ``lin``)         ∂f(x)ᵀ·ȳ, ``need`` leaves
+transpose  ks, ȳ (present ones, by ``lin``)             Aᵀ·ȳ, ``need`` leaves
+=========  ==========================================  =======================
+
+``xs`` are the positional leaves, ``ks`` the keyword operand leaves. Absent
+(symbolic zero) tangents and cotangents reach a rule as zero arrays; integer
+leaves' tangents and cotangents reach it as ``None``. A rule may return
+``None`` for any zero tangent or cotangent, leaf or whole argument. ``xp`` is
+``numpy`` for host code and ``jax.numpy`` for traced code; ``lead`` is the
+batch prefix of the zero arrays made here ((1,) in vectorized host calls).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from jax import tree_util
+
+from ._spec import Call, is_float
+
+ROLE_NAMES = {"primal": "function", "jvp": "jvp rule", "vjp": "vjp rule",
+              "transpose": "transpose rule"}
+
+
+def _zeros(xp, lead, aval):
+    return xp.zeros(lead + aval.shape, aval.dtype)
+
+
+def _fill(mask, present, avals, xp, lead, floats):
+    """Spread ``present`` over positions where ``mask``; zeros or None elsewhere."""
+    it = iter(present)
+    return [next(it) if m else (_zeros(xp, lead, a) if f else None)
+            for m, a, f in zip(mask, avals, floats)]
+
+
+def _structure_error(call: Call, role: str, what: str, expected, got, err) -> TypeError:
+    return TypeError(
+        f"anybind op '{call.op.name}': the {ROLE_NAMES[role]} returned {what} of structure "
+        f"{tree_util.tree_structure(got)}, but {expected} was expected ({err})")
+
+
+def _flatten_outputs(call: Call, role: str, out) -> list:
+    try:
+        return call.out_tree.flatten_up_to(out)
+    except (ValueError, TypeError) as e:
+        if out is None and role == "jvp":
+            return [None] * len(call.out_avals)
+        raise _structure_error(call, role, "an output", call.out_tree, out, e) from None
+
+
+def _flatten_per_arg(call: Call, role: str, cts) -> list:
+    """Cotangents returned as one entry per positional argument, flattened."""
+    n = call.n_args
+    if not isinstance(cts, (tuple, list)) or len(cts) != n:
+        got = f"{len(cts)} entries" if isinstance(cts, (tuple, list)) else type(cts).__name__
+        raise TypeError(
+            f"anybind op '{call.op.name}': the {ROLE_NAMES[role]} must return a tuple with one "
+            f"cotangent per positional argument ({n}), got {got}")
+    leaves = []
+    for i, (sub, ct) in enumerate(zip(call.args_tree.children(), cts)):
+        if ct is None:
+            leaves += [None] * sub.num_leaves
+            continue
+        try:
+            leaves += sub.flatten_up_to(ct)
+        except (ValueError, TypeError) as e:
+            raise TypeError(
+                f"anybind op '{call.op.name}': the {ROLE_NAMES[role]}'s cotangent for positional "
+                f"argument {i} has structure {tree_util.tree_structure(ct)}, but the argument "
+                f"has structure {sub} ({e})") from None
+    return leaves
+
+
+def _select(leaves, mask, avals, xp, lead):
+    return [_zeros(xp, lead, a) if l is None else l
+            for l, m, a in zip(leaves, mask, avals) if m]
+
+
+def primal(call: Call, fn: Callable, xp, lead=()) -> Callable[..., list]:
+    n = call.n_in
+
+    def run(*ops):
+        out = fn(*call.args(ops[:n]), **call.kwargs(ops[n:]))
+        leaves = _flatten_outputs(call, "primal", out)
+        if any(l is None for l in leaves):
+            j = leaves.index(None)
+            raise TypeError(f"anybind op '{call.op.name}': the function returned None for "
+                            f"{call.out_name(j)}; expected {call.out_avals[j].str_short()}")
+        return leaves
+    return run
+
+
+def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=()) -> Callable[..., list]:
+    n, m = call.n_in, len(call.kw_avals)
+
+    def run(*ops):
+        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
+        tangents = _fill(lin, ts, call.in_avals, xp, lead, call.float_in)
+        out = fn(call.args(xs), call.args(tangents), **call.kwargs(ks))
+        leaves = _flatten_outputs(call, "jvp", out)
+        return _select(leaves, call.float_out, call.out_avals, xp, lead)
+    return run
+
+
+def vjp(call: Call, fn: Callable, lin, need, xp, lead=()) -> Callable[..., list]:
+    n, m = call.n_in, len(call.kw_avals)
+
+    def run(*ops):
+        xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
+        ct = call.out_tree.unflatten(_fill(lin, cts, call.out_avals, xp, lead, call.float_out))
+        out = fn(call.args(xs), ct, **call.kwargs(ks))
+        return _select(_flatten_per_arg(call, "vjp", out), need, call.in_avals, xp, lead)
+    return run
+
+
+def transpose(call: Call, fn: Callable, lin, need, xp, lead=()) -> Callable[..., list]:
+    m = len(call.kw_avals)
+
+    def run(*ops):
+        ks, cts = ops[:m], ops[m:]
+        ct = call.out_tree.unflatten(_fill(lin, cts, call.out_avals, xp, lead, call.float_out))
+        out = fn(ct, **call.kwargs(ks))
+        return _select(_flatten_per_arg(call, "transpose", out), need, call.in_avals, xp, lead)
+    return run
+
+
+def check_traced_outputs(call: Call, role: str, outs: Sequence[Any], avals: Sequence[Any],
+                         names: Sequence[str]) -> None:
+    """Trace-time check of a traced rule's outputs against the expected avals."""
+    for o, a, name in zip(outs, avals, names):
+        shape, dtype = getattr(o, "shape", None), getattr(o, "dtype", None)
+        if shape != a.shape or dtype != a.dtype:
+            got = f"{dtype}{list(shape)}" if shape is not None else type(o).__name__
+            raise TypeError(
+                f"anybind op '{call.op.name}': the {ROLE_NAMES[role]} returned {got} for {name}; "
+                f"expected {a.str_short()}")

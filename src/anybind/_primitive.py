@@ -1,0 +1,120 @@
+"""One family of primitives per bound function, registered in one block.
+
+For an op named ``f`` there are four primitives, each with the parameters
+``call`` (a ``Call``), ``batch`` (a ``Batch`` or None) and, for the derived
+ones, ``lin`` (which linear operands are present rather than symbolic zeros)
+and ``need`` (which input cotangents to produce):
+
+- ``f``:           (xs, ks)     ↦ f(x)
+- ``f_jvp``:       (xs, ks, ẋ)  ↦ ∂f(x)·ẋ          linear in ẋ; transpose is f_vjp
+- ``f_vjp``:       (xs, ks, ȳ)  ↦ ∂f(x)ᵀ·ȳ         linear in ȳ; transpose is f_jvp
+- ``f_transpose``: (ks, ȳ)      ↦ Aᵀ·ȳ             for linear=True ops; transpose is f
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jcore
+from jax.core import ShapedArray
+from jax.interpreters import ad, batching, mlir
+
+from jax._src import dispatch, effects
+
+from . import _batching, _derivatives, _hostcall, _impls
+from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
+                     out_avals, out_names, rule_of)
+from ._spec import Batch, Call, InBatched, Rule
+
+
+class HostCallEffect(effects.Effect):
+    """A host call that must run exactly once per execution (has_side_effect=True)."""
+    def __str__(self) -> str:
+        return "AnybindHostCall"
+
+
+HOST_EFFECT = HostCallEffect()
+effects.lowerable_effects.add_type(HostCallEffect)
+effects.control_flow_allowed_effects.add_type(HostCallEffect)
+effects.custom_derivatives_allowed_effects.add_type(HostCallEffect)
+effects.remat_allowed_effects.add_type(HostCallEffect)
+
+
+class Family:
+    """The primitives of one op, with every rule registered right here."""
+
+    def __init__(self, op):
+        self.op = op
+        base = op.name
+        self.prims = {}
+        for role in ROLES:
+            name = base if role == "primal" else f"{base}_{role}"
+            prim = jcore.Primitive(name)
+            prim.multiple_results = True
+            prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+            prim.def_effectful_abstract_eval(functools.partial(self._abstract_eval, role))
+            mlir.register_lowering(prim, functools.partial(self._lower, role))
+            ad.primitive_jvps[prim] = functools.partial(_derivatives.jvp_rule, self, role)
+            ad.primitive_transposes[prim] = functools.partial(
+                _derivatives.transpose_rule, self, role)
+            batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
+            self.prims[role] = prim
+
+    def __getitem__(self, role: str):
+        return self.prims[role]
+
+    def _abstract_eval(self, role, *avals, call: Call, batch: Batch | None,
+                       lin=None, need=None):
+        del avals
+        lead = () if batch is None else (batch.size,)
+        outs = [ShapedArray(lead + a.shape, a.dtype) for a in out_avals(role, call, lin, need)]
+        effs = {HOST_EFFECT} if role == "primal" and self.op.has_side_effect else effects.no_effects
+        return outs, effs
+
+    def _lower(self, role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
+        op = self.op
+        rule = rule_of(role, op)
+        if batch is not None and role == "primal" and isinstance(op.vmap_rule, Rule):
+            rule, mode = op.vmap_rule, op.vmap_rule
+        else:
+            mode = op.vmap if isinstance(op.vmap, str) else "sequential"
+        if rule is None:
+            raise MissingRuleError(missing_rule_message(role, op))
+        avals = out_avals(role, call, lin, need)
+        names = out_names(role, call, need)
+        role_name = "vmap rule" if rule is op.vmap_rule else _impls.ROLE_NAMES[role]
+        if not rule.traced:
+            runner = _hostcall.make_host_runner(
+                call, role_name,
+                lambda lead: make_run(role, call, rule, lin, need, np, lead),
+                avals, names, batch, mode)
+            return _hostcall.lower_host(
+                ctx, *args, runner=runner, call=call, role_name=role_name,
+                has_side_effect=role == "primal" and op.has_side_effect)
+        if rule is op.vmap_rule:
+            fn = _traced_vmap_rule(call, rule, batch)
+        else:
+            fn = checked(call, role, make_run(role, call, rule, lin, need, jnp, ()), avals, names)
+            if batch is not None:
+                fn = _batching.vmapped(fn, batch.mask, batch.size)
+        return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
+def _traced_vmap_rule(call: Call, rule: Rule, batch: Batch) -> Callable[..., list]:
+    n = call.n_in
+
+    def run(*ops):
+        args = [o if m else o[0] for o, m in zip(ops, batch.mask)]
+        in_batched = InBatched(call.args_tree.unflatten(batch.mask[:n]))
+        in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:])
+        out, out_batched = rule.fn(batch.size, in_batched, *call.args(args[:n]),
+                                   **call.kwargs(args[n:]))
+        leaves = call.out_tree.flatten_up_to(out)
+        flags = ([out_batched] * len(leaves) if isinstance(out_batched, bool)
+                 else call.out_tree.flatten_up_to(out_batched))
+        return [l if f else jnp.broadcast_to(l, (batch.size,) + l.shape)
+                for l, f in zip(leaves, flags)]
+    return run

@@ -1,0 +1,130 @@
+"""The four roles an op's primitives play, and what implements each.
+
+=========  ===========================  ================================
+role       operands                     computes
+=========  ===========================  ================================
+primal     (xs, ks)                     f(x)
+jvp        (xs, ks, ẋ)                  ∂f(x)·ẋ, linear in ẋ
+vjp        (xs, ks, ȳ)                  ∂f(x)ᵀ·ȳ, linear in ȳ
+transpose  (ks, ȳ)                      Aᵀ·ȳ for a linear op f(x) = A·x
+=========  ===========================  ================================
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from . import _impls
+from ._spec import Call, Rule
+
+
+class MissingRuleError(NotImplementedError):
+    """A transformation needs a rule the op does not have."""
+
+
+ROLES = ("primal", "jvp", "vjp", "transpose")
+
+
+ROLES = ("primal", "jvp", "vjp", "transpose")
+
+
+class Layout:
+    """Where a role's operands stand: inputs x, keyword operands k, the linear ones."""
+
+    def __init__(self, role: str, call: Call, n_operands: int):
+        n, m = call.n_in, len(call.kw_avals)
+        self.xs = range(0) if role == "transpose" else range(0, n)
+        self.ks = range(self.xs.stop, self.xs.stop + m)
+        if role == "primal" and call.op.linear:
+            self.lin, self.nonlin = self.xs, self.ks
+        else:
+            self.lin = range(self.ks.stop, n_operands)
+            self.nonlin = range(0, self.ks.stop)
+
+
+def out_avals(role: str, call: Call, lin, need) -> list:
+    if role == "primal":
+        return list(call.out_avals)
+    if role == "jvp":
+        return [a for a, f in zip(call.out_avals, call.float_out) if f]
+    return [a for a, k in zip(call.in_avals, need) if k]
+
+
+def out_names(role: str, call: Call, need) -> list:
+    if role == "primal":
+        return [call.out_name(j) for j in range(len(call.out_avals))]
+    if role == "jvp":
+        return [f"tangent of {call.out_name(j)}" for j, f in enumerate(call.float_out) if f]
+    return [f"cotangent of input leaf {i}" for i, k in enumerate(need) if k]
+
+
+def rule_of(role: str, op) -> Rule | None:
+    """The user's code that implements a role, or None when it is missing."""
+    if role == "primal":
+        return Rule(op.fn, op.traced)
+    if role == "jvp":
+        return op.jvp_rule
+    if role == "vjp":
+        return op.vjp_rule
+    if op.transpose_rule is not None:
+        return op.transpose_rule
+    if op.linear and op.traced:  # JAX transposes the traced function itself
+        return Rule(op.fn, True)
+    return None
+
+
+def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable[..., list]:
+    if role == "primal":
+        return _impls.primal(call, rule.fn, xp, lead)
+    if role == "jvp":
+        return _impls.jvp(call, rule.fn, lin, xp, lead)
+    if role == "vjp":
+        return _impls.vjp(call, rule.fn, lin, need, xp, lead)
+    if call.op.transpose_rule is None:  # derived from a traced linear function
+        return _traced_linear_transpose(call, lin, need)
+    return _impls.transpose(call, rule.fn, lin, need, xp, lead)
+
+
+def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:
+    m = len(call.kw_avals)
+    fwd = _impls.primal(call, call.op.fn, jnp)
+    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.in_avals]
+
+    def run(*ops):
+        ks, cts = ops[:m], ops[m:]
+        full = _fill_zeros(lin, cts, call.out_avals)
+        t = jax.linear_transpose(lambda *xs: fwd(*xs, *ks), *sds)(full)
+        return [c for c, k in zip(t, need) if k]
+    return run
+
+
+def _fill_zeros(mask, present, avals) -> list:
+    it = iter(present)
+    return [next(it) if m else jnp.zeros(a.shape, a.dtype) for m, a in zip(mask, avals)]
+
+
+def missing_rule_message(role: str, op) -> str:
+    if role == "jvp":
+        return (f"anybind op '{op.name}' has no jvp rule, so forward-mode differentiation "
+                f"(jvp, jacfwd, linearize) cannot evaluate its tangent; add one with "
+                f"op.def_jvp(rule), or give a traced vjp rule (def_vjp(rule, traced=True)), "
+                f"from which the jvp is derived by transposition")
+    if role == "vjp":
+        return (f"anybind op '{op.name}' has no vjp rule, so reverse-mode differentiation "
+                f"(grad, vjp, jacrev, linear_transpose of its tangent map) cannot run; add one "
+                f"with op.def_vjp(rule), or make its jvp rule traced "
+                f"(def_jvp(rule, traced=True)) so that JAX can transpose it")
+    return (f"anybind op '{op.name}' is linear but has no transpose rule, so reverse mode "
+            f"(grad, vjp, linear_transpose) cannot run; add one with op.def_transpose(rule)")
+
+
+def checked(call: Call, role: str, run: Callable, avals, names) -> Callable[..., list]:
+    def f(*ops):
+        outs = run(*ops)
+        _impls.check_traced_outputs(call, role, outs, avals, names)
+        return outs
+    return f
+
+

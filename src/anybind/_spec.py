@@ -1,0 +1,214 @@
+"""What the user declared, and what one call of an op looks like.
+
+``Call`` is the static description of one call site: the pytree structure of
+the positional arguments, the keyword operands and the static keywords, the
+flat input avals and the declared outputs. It is hashable, so it travels as a
+primitive parameter and keys JAX's compilation caches.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax import tree_util
+from jax.extend import core as jcore
+from jax.core import ShapedArray
+
+from jax._src import dtypes as _dtypes
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A user rule and whether it is JAX code (traced) or host code."""
+    fn: Callable[..., Any]
+    traced: bool
+
+    @property
+    def kind(self) -> str:
+        return "traced" if self.traced else "host"
+
+
+class like:
+    """Output spec equal to the shape and dtype of positional argument ``index``.
+
+    >>> import anybind as ab, numpy as np
+    >>> double = ab.bind(lambda x: 2 * x, shape=ab.like(0))
+    >>> double(np.ones(3, np.float32)).dtype
+    dtype('float32')
+    """
+
+    def __init__(self, index: int):
+        if not isinstance(index, int) or index < 0:
+            raise TypeError(f"ab.like takes a non-negative argument index, got {index!r}")
+        self.index = index
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.index >= len(args):
+            raise TypeError(
+                f"shape=ab.like({self.index}) refers to positional argument {self.index}, "
+                f"but the op was called with {len(args)} positional argument(s)")
+        return args[self.index]
+
+    def __repr__(self) -> str:
+        return f"ab.like({self.index})"
+
+
+def is_float(aval) -> bool:
+    """Whether values of this aval have a non-trivial tangent space."""
+    return _dtypes.issubdtype(aval.dtype, np.inexact)
+
+
+def fmt_aval(a) -> str:
+    return f"{np.dtype(a.dtype).name}{list(a.shape)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One call signature of an op: structure, avals and static keywords."""
+    op: Any  # the Op; hashed by identity
+    args_tree: Any  # treedef of the tuple of positional arguments
+    kw_tree: Any  # treedef of the dict of keyword operands
+    static: tuple  # sorted (name, value) pairs of static keywords
+    in_avals: tuple  # flat positional leaves
+    kw_avals: tuple  # flat keyword operand leaves
+    out_tree: Any
+    out_avals: tuple
+    out_paths: tuple = dataclasses.field(compare=False, hash=False)
+    kw_paths: tuple = dataclasses.field(compare=False, hash=False)
+
+    @property
+    def n_in(self) -> int:
+        return len(self.in_avals)
+
+    @property
+    def n_args(self) -> int:
+        return len(self.args_tree.children())
+
+    @property
+    def float_in(self) -> tuple:
+        return tuple(is_float(a) for a in self.in_avals)
+
+    @property
+    def float_out(self) -> tuple:
+        return tuple(is_float(a) for a in self.out_avals)
+
+    def args(self, xs):
+        return self.args_tree.unflatten(list(xs))
+
+    def kwargs(self, ks) -> dict:
+        kw = self.kw_tree.unflatten(list(ks))
+        kw.update(self.static)
+        return kw
+
+    def kw_name(self, i: int) -> str:
+        return f"keyword argument {self.kw_paths[i]}"
+
+    def out_name(self, j: int) -> str:
+        path = self.out_paths[j]
+        return f"output {j}" + (f" ({path})" if path else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """How a primitive application is batched.
+
+    Every operand carries one leading batch axis: of length ``size`` where
+    ``mask`` is True, of length 1 (broadcast against the batch) where False.
+    Every output carries a leading axis of length ``size``. Nested ``vmap``
+    merges its axis into this one, so a host function always sees exactly one.
+    """
+    size: int
+    mask: tuple
+
+
+class InBatched(tuple):
+    """The ``in_batched`` a vmap rule receives.
+
+    A tuple with one entry per positional argument (a pytree of bools matching
+    that argument); ``.kwargs`` holds the same for keyword operands.
+    """
+    kwargs: dict
+
+
+def _sds(aval) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+
+
+def to_aval(x) -> ShapedArray:
+    aval = jax.typeof(x)
+    return ShapedArray(aval.shape, aval.dtype)
+
+
+def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals):
+    """Evaluate the op's declared output spec on these inputs."""
+    args = args_tree.unflatten([_sds(a) for a in in_avals])
+    kwargs = kw_tree.unflatten([_sds(a) for a in kw_avals])
+    kwargs.update(static)
+    shape = op.shape
+    if shape is None:
+        if op.traced:
+            flat_args = [*in_avals, *kw_avals]
+            out = jax.eval_shape(
+                lambda *leaves: op.fn(*args_tree.unflatten(leaves[:len(in_avals)]),
+                                      **kw_tree.unflatten(leaves[len(in_avals):]),
+                                      **dict(static)),
+                *[_sds(a) for a in flat_args])
+        else:
+            raise TypeError(
+                f"anybind op '{op.name}': a host function needs an output spec; pass "
+                f"shape=ab.like(0), a jax.ShapeDtypeStruct pytree, or a callable of the "
+                f"inputs' ShapeDtypeStructs to ab.bind")
+    elif callable(shape):
+        try:
+            out = shape(*args, **kwargs)
+        except Exception as e:
+            raise TypeError(
+                f"anybind op '{op.name}': the output spec {shape!r} failed on inputs "
+                f"{args!r} with keywords {kwargs!r}: {type(e).__name__}: {e}") from e
+    else:
+        out = shape
+    leaves_with_path, out_tree = tree_util.tree_flatten_with_path(out)
+    out_avals = []
+    for path, leaf in leaves_with_path:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise TypeError(
+                f"anybind op '{op.name}': the output spec must be a pytree of objects with "
+                f"shape and dtype (jax.ShapeDtypeStruct), but at "
+                f"{tree_util.keystr(path) or 'the root'} it holds {leaf!r}")
+        dtype = _dtypes.canonicalize_dtype(leaf.dtype)
+        out_avals.append(ShapedArray(tuple(leaf.shape), dtype))
+    paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
+    if op.linear:
+        bad = [i for i, a in enumerate([*in_avals, *out_avals]) if not is_float(a)]
+        if bad:
+            raise TypeError(
+                f"anybind op '{op.name}' is declared linear=True, so its positional inputs "
+                f"and outputs must be floating or complex; got inputs "
+                f"{[fmt_aval(a) for a in in_avals]} and outputs {[fmt_aval(a) for a in out_avals]}")
+    return out_tree, tuple(out_avals), paths
+
+
+def split_kwargs(op, kwargs: dict):
+    """Separate keyword operands (pytrees of arrays) from static keywords."""
+    operands, static = {}, []
+    for name, value in kwargs.items():
+        leaves = tree_util.tree_leaves(value)
+        if leaves and all(_is_array(l) for l in leaves):
+            operands[name] = value
+            continue
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"anybind op '{op.name}': keyword argument '{name}' is neither an array "
+                f"(a non-differentiable operand) nor hashable (a static value); got "
+                f"{type(value).__name__}. Pass arrays, or make static values hashable "
+                f"(e.g. a tuple instead of a list)") from None
+        static.append((name, value))
+    return operands, tuple(sorted(static))
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer))
