@@ -61,7 +61,7 @@ def jvp_rule(fam, role, primals, tangents, *, call: Call, batch, lin=None, need=
     sel = [i for i in range(len(primals)) if i not in lay.ks and _nonzero(tangents[i])]
     out_float = [is_float(o.aval) for o in outs]
     if not sel:
-        return outs, [ad.Zero.from_primal_value(o) for o in outs]
+        return outs, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
     if role == "primal" and not call.op.linear:
         core = _primal_tangent(fam, call, tuple(i in sel for i in range(call.n_in)))
     elif any(i in lay.nonlin for i in sel):
@@ -72,7 +72,7 @@ def jvp_rule(fam, role, primals, tangents, *, call: Call, batch, lin=None, need=
     if batch is not None:
         core = vmapped(core, batch.mask + tuple(batch.mask[i] for i in sel), batch.size)
     t_out = iter(core(*primals, *ts))
-    return outs, [next(t_out) if f else ad.Zero.from_primal_value(o)
+    return outs, [next(t_out) if f else ad.Zero(jax.typeof(o).to_tangent_aval())
                   for o, f in zip(outs, out_float)]
 
 
