@@ -29,7 +29,8 @@ class Op:
     """
 
     def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear: bool,
-                 vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None):
+                 vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
+                 examples: Callable[[], tuple] | None = None):
         if not callable(fn):
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -38,6 +39,7 @@ class Op:
         self.linear = bool(linear)
         self.traced = bool(traced)
         self.has_side_effect = bool(has_side_effect)
+        self.examples = examples
         self.jvp_rule: Rule | None = None
         self.vjp_rule: Rule | None = None
         self.transpose_rule: Rule | None = None
@@ -162,7 +164,8 @@ def _primitive_name(name: str) -> str:
 
 def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpose=None,
          linear: bool = False, vmap: VmapMode = "sequential", traced: bool = False,
-         has_side_effect: bool = False, name: str | None = None):
+         has_side_effect: bool = False, name: str | None = None,
+         examples: Callable[[], tuple] | None = None):
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -179,6 +182,8 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
       traced: ``fn`` (and the rules given here) are JAX code, traced inline.
       has_side_effect: every call runs exactly once; XLA may not drop or merge it.
       name: the primitive's name; defaults to ``fn.__name__``.
+      examples: a callable returning ``(args, kwargs)`` of example inputs, used by
+        ``ab.check`` and ``python -m anybind check`` when none are given.
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
@@ -188,7 +193,8 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     Array([6., 6.], dtype=float32)
     """
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
-                   vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name)
+                   vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
+                   examples=examples)
     if fn is None:
         return lambda f: Op(f, **options)
     return Op(fn, **options)
