@@ -30,7 +30,7 @@ class Op:
 
     def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear: bool,
                  vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
-                 examples: Callable[[], tuple] | None = None):
+                 examples: Callable[[], tuple] | None = None, out: bool = False):
         if not callable(fn):
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -40,6 +40,10 @@ class Op:
         self.traced = bool(traced)
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
+        self.inplace = bool(out)
+        if self.inplace and self.traced:
+            raise TypeError(f"anybind op '{self.name}': out=True is for host functions that "
+                            f"write into preallocated outputs; a traced function returns them")
         self.jvp_rule: Rule | None = None
         self.vjp_rule: Rule | None = None
         self.transpose_rule: Rule | None = None
@@ -165,7 +169,7 @@ def _primitive_name(name: str) -> str:
 def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpose=None,
          linear: bool = False, vmap: VmapMode = "sequential", traced: bool = False,
          has_side_effect: bool = False, name: str | None = None,
-         examples: Callable[[], tuple] | None = None):
+         examples: Callable[[], tuple] | None = None, out: bool = False):
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -182,6 +186,10 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
       traced: ``fn`` (and the rules given here) are JAX code, traced inline.
       has_side_effect: every call runs exactly once; XLA may not drop or merge it.
       name: the primitive's name; defaults to ``fn.__name__``.
+      out: ``fn`` writes its results into preallocated outputs: it is called as
+        ``fn(*args, out=out, **kw)`` with ``out`` a pytree (like the output spec) of
+        writable NumPy views of XLA's own output buffers, must write every element,
+        and returns None. No output is copied. Rules keep the return form.
       examples: a callable returning ``(args, kwargs)`` of example inputs, used by
         ``ab.check`` and ``python -m anybind check`` when none are given.
 
@@ -194,7 +202,7 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     """
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
                    vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
-                   examples=examples)
+                   examples=examples, out=out)
     if fn is None:
         return lambda f: Op(f, **options)
     return Op(fn, **options)

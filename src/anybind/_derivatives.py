@@ -211,7 +211,6 @@ def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=
 def _t_primal(fam, call: Call, lin, need, und, present):
     """f linear: ȳ ↦ f_transpose(ȳ)."""
     def core(*ops):
-        m = len(call.kw_avals)
         return fam["transpose"].bind(*ops, call=call, batch=None, lin=present,
                                      need=tuple(und))
     return core
@@ -237,7 +236,6 @@ def _t_transpose(fam, call: Call, lin, need, und, present):
 def _t_jvp(fam, call: Call, lin, need, und, present):
     """f_jvp: ȳ ↦ f_vjp(x, ȳ) for the undefined ẋ."""
     positions = [p for p, b in enumerate(lin) if b]
-    need_x = tuple(False for _ in lin)
     wanted = {p for p, u in zip(positions, und) if u}
     need_x = tuple(p in wanted for p in range(len(lin)))
     it = iter(present)

@@ -52,8 +52,11 @@ def _in_views(buffers) -> list:
 
 
 def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: Sequence,
-                     out_names: Sequence[str], batch: Batch | None, mode) -> Callable:
+                     out_names: Sequence[str], batch: Batch | None, mode,
+                     inplace: bool = False) -> Callable:
     """Returns ``runner(inputs, outputs)`` that fills the output arrays in place."""
+    if inplace:  # the user's function writes into XLA's output buffers itself
+        return _inplace_runner(make_run, batch, mode)
     def what(j, b=None):
         row = "" if b is None else f" at batch index {b}"
         return f"the {role_name}'s {out_names[j]}{row}"
@@ -104,6 +107,19 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
         for j, (r, f, o, a) in enumerate(zip(leaves, flags, outs, out_avals)):
             shape = ((size,) if f else ()) + a.shape
             o[...] = _as_result(call, f"the vmap rule's {out_names[j]}", r, a, shape, False)
+    return runner
+
+
+def _inplace_runner(make_run: Callable, batch: Batch | None, mode) -> Callable:
+    if batch is None:
+        return make_run(())
+    if mode == "vectorized":
+        return make_run((1,))
+    run, mask = make_run(()), batch.mask
+
+    def runner(ins, outs):
+        for b in range(batch.size):
+            run([x[b] if m else x[0] for x, m in zip(ins, mask)], [o[b] for o in outs])
     return runner
 
 

@@ -85,8 +85,17 @@ def _select(leaves, mask, avals, xp, lead):
             for l, m, a in zip(leaves, mask, avals) if m]
 
 
-def primal(call: Call, fn: Callable, xp, lead=()) -> Callable[..., list]:
+def primal(call: Call, fn: Callable, xp, lead=(), inplace: bool = False) -> Callable[..., list]:
     n = call.n_in
+    if inplace:
+        def run_inplace(ins, outs) -> None:
+            res = fn(*call.args(ins[:n]), out=call.out_tree.unflatten(outs),
+                     **call.kwargs(ins[n:]))
+            if res is not None:
+                raise TypeError(
+                    f"anybind op '{call.op.name}' is bound with out=True, so its function "
+                    f"writes into out= and must return None; it returned {type(res).__name__}")
+        return run_inplace
 
     def run(*ops):
         out = fn(*call.args(ops[:n]), **call.kwargs(ops[n:]))

@@ -90,7 +90,8 @@ class Family:
             runner = _hostcall.make_host_runner(
                 call, role_name,
                 lambda lead: make_run(role, call, rule, lin, need, np, lead),
-                avals, names, batch, mode)
+                avals, names, batch, mode,
+                inplace=role == "primal" and op.inplace and rule is not op.vmap_rule)
             return _hostcall.lower_host(
                 ctx, *args, runner=runner, call=call, role_name=role_name,
                 has_side_effect=role == "primal" and op.has_side_effect)

@@ -27,9 +27,6 @@ class MissingRuleError(NotImplementedError):
 ROLES = ("primal", "jvp", "vjp", "transpose")
 
 
-ROLES = ("primal", "jvp", "vjp", "transpose")
-
-
 class Layout:
     """Where a role's operands stand: inputs x, keyword operands k, the linear ones."""
 
@@ -77,7 +74,7 @@ def rule_of(role: str, op) -> Rule | None:
 
 def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable[..., list]:
     if role == "primal":
-        return _impls.primal(call, rule.fn, xp, lead)
+        return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
     if role == "jvp":
         return _impls.jvp(call, rule.fn, lin, xp, lead)
     if role == "vjp":
