@@ -74,44 +74,51 @@ class Op:
 
     # ---------------------------------------------------------------- rules
 
-    def _set(self, kind: str, rule, traced: bool):
+    def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False):
         def register(r):
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
-            setattr(self, f"{kind}_rule", Rule(r, bool(traced)))
+            setattr(self, f"{kind}_rule", Rule(r, bool(traced), bool(symbolic_zeros)))
             return r
         return register if rule is None else register(rule)
 
-    def def_jvp(self, rule: Callable | None = None, *, traced: bool = False):
+    def def_jvp(self, rule: Callable | None = None, *, traced: bool = False,
+                symbolic_zeros: bool = False):
         """Set the JVP rule ``jvp(primals, tangents, **kw) -> output tangent(s)``.
 
         Computes ∂f(x)·ẋ. ``primals`` and ``tangents`` are tuples matching the
-        positional arguments; zero tangents arrive as zero arrays, integer
-        inputs' tangents as ``None``; return ``None`` for a zero output tangent.
-        Usable as a decorator.
+        positional arguments; zero tangents arrive as zero arrays (as ``None``
+        with ``symbolic_zeros=True``), integer inputs' tangents as ``None``;
+        return ``None`` for a zero output tangent. Usable as a decorator.
         """
-        return self._set("jvp", rule, traced)
+        return self._set("jvp", rule, traced, symbolic_zeros)
 
-    def def_vjp(self, rule: Callable | None = None, *, traced: bool = False):
+    def def_vjp(self, rule: Callable | None = None, *, traced: bool = False,
+                symbolic_zeros: bool = False):
         """Set the VJP rule ``vjp(primals, cotangent, **kw) -> tuple``.
 
         Computes ∂f(x)ᵀ·ȳ: one cotangent per positional argument (a pytree like
         it, or ``None`` for zero). ``cotangent`` matches the output; zero ones
-        arrive as zero arrays, integer outputs' as ``None``. Usable as a decorator.
+        arrive as zero arrays, integer outputs' as ``None``. With
+        ``symbolic_zeros=True`` zero cotangents arrive as ``None`` and the rule
+        also gets ``needs``, one bool per positional argument: it may return
+        ``None`` for arguments not needed (e.g. under ``grad`` with respect to
+        one argument) and skip their work. Usable as a decorator.
         """
-        return self._set("vjp", rule, traced)
+        return self._set("vjp", rule, traced, symbolic_zeros)
 
-    def def_transpose(self, rule: Callable | None = None, *, traced: bool = False):
+    def def_transpose(self, rule: Callable | None = None, *, traced: bool = False,
+                      symbolic_zeros: bool = False):
         """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
 
         Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
-        (``None`` for zero). Usable as a decorator.
+        (``None`` for zero). ``symbolic_zeros`` as for ``def_vjp``. Usable as a decorator.
         """
         if not self.linear:
             raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
                             f"with linear=True")
-        return self._set("transpose", rule, traced)
+        return self._set("transpose", rule, traced, symbolic_zeros)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.

@@ -13,8 +13,11 @@ transpose  ks, ȳ (present ones, by ``lin``)             Aᵀ·ȳ, ``need`` leav
 =========  ==========================================  =======================
 
 ``xs`` are the positional leaves, ``ks`` the keyword operand leaves. Absent
-(symbolic zero) tangents and cotangents reach a rule as zero arrays; integer
-leaves' tangents and cotangents reach it as ``None``. A rule may return
+(symbolic zero) tangents and cotangents reach a rule as zero arrays, or as
+``None`` when the rule was registered with ``symbolic_zeros=True``; such a vjp
+or transpose rule also receives ``needs``, one bool per positional argument,
+and may return ``None`` for the cotangents nobody asked for. Integer leaves'
+tangents and cotangents reach a rule as ``None``. A rule may return
 ``None`` for any zero tangent or cotangent, leaf or whole argument. ``xp`` is
 ``numpy`` for host code and ``jax.numpy`` for traced code; ``lead`` is the
 batch prefix of the zero arrays made here ((1,) in vectorized host calls).
@@ -35,11 +38,18 @@ def _zeros(xp, lead, aval):
     return xp.zeros(lead + aval.shape, aval.dtype)
 
 
-def _fill(mask, present, avals, xp, lead, floats):
+def _fill(mask, present, avals, xp, lead, floats, symbolic: bool):
     """Spread ``present`` over positions where ``mask``; zeros or None elsewhere."""
     it = iter(present)
-    return [next(it) if m else (_zeros(xp, lead, a) if f else None)
+    return [next(it) if m else (_zeros(xp, lead, a) if f and not symbolic else None)
             for m, a, f in zip(mask, avals, floats)]
+
+
+def _needs(call: Call, need) -> tuple:
+    """Which positional arguments have at least one needed cotangent leaf."""
+    it = iter(need)
+    return tuple(any(next(it) for _ in range(sub.num_leaves))
+                 for sub in call.args_tree.children())
 
 
 def _structure_error(call: Call, role: str, what: str, expected, got, err) -> TypeError:
@@ -108,36 +118,43 @@ def primal(call: Call, fn: Callable, xp, lead=(), inplace: bool = False) -> Call
     return run
 
 
-def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=()) -> Callable[..., list]:
+def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=(),
+        symbolic: bool = False) -> Callable[..., list]:
     n, m = call.n_in, len(call.kw_avals)
 
     def run(*ops):
         xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
-        tangents = _fill(lin, ts, call.in_avals, xp, lead, call.float_in)
+        tangents = _fill(lin, ts, call.in_avals, xp, lead, call.float_in, symbolic)
         out = fn(call.args(xs), call.args(tangents), **call.kwargs(ks))
         leaves = _flatten_outputs(call, "jvp", out)
         return _select(leaves, call.float_out, call.out_avals, xp, lead)
     return run
 
 
-def vjp(call: Call, fn: Callable, lin, need, xp, lead=()) -> Callable[..., list]:
+def vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
+        symbolic: bool = False) -> Callable[..., list]:
     n, m = call.n_in, len(call.kw_avals)
+    extra = {"needs": _needs(call, need)} if symbolic else {}
 
     def run(*ops):
         xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
-        ct = call.out_tree.unflatten(_fill(lin, cts, call.out_avals, xp, lead, call.float_out))
-        out = fn(call.args(xs), ct, **call.kwargs(ks))
+        ct = call.out_tree.unflatten(
+            _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
+        out = fn(call.args(xs), ct, **call.kwargs(ks), **extra)
         return _select(_flatten_per_arg(call, "vjp", out), need, call.in_avals, xp, lead)
     return run
 
 
-def transpose(call: Call, fn: Callable, lin, need, xp, lead=()) -> Callable[..., list]:
+def transpose(call: Call, fn: Callable, lin, need, xp, lead=(),
+              symbolic: bool = False) -> Callable[..., list]:
     m = len(call.kw_avals)
+    extra = {"needs": _needs(call, need)} if symbolic else {}
 
     def run(*ops):
         ks, cts = ops[:m], ops[m:]
-        ct = call.out_tree.unflatten(_fill(lin, cts, call.out_avals, xp, lead, call.float_out))
-        out = fn(ct, **call.kwargs(ks))
+        ct = call.out_tree.unflatten(
+            _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
+        out = fn(ct, **call.kwargs(ks), **extra)
         return _select(_flatten_per_arg(call, "transpose", out), need, call.in_avals, xp, lead)
     return run
 

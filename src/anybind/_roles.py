@@ -76,12 +76,12 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
     if role == "primal":
         return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
     if role == "jvp":
-        return _impls.jvp(call, rule.fn, lin, xp, lead)
+        return _impls.jvp(call, rule.fn, lin, xp, lead, rule.symbolic_zeros)
     if role == "vjp":
-        return _impls.vjp(call, rule.fn, lin, need, xp, lead)
+        return _impls.vjp(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if call.op.transpose_rule is None:  # derived from a traced linear function
         return _traced_linear_transpose(call, lin, need)
-    return _impls.transpose(call, rule.fn, lin, need, xp, lead)
+    return _impls.transpose(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
 
 
 def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:

@@ -24,6 +24,7 @@ class Rule:
     """A user rule and whether it is JAX code (traced) or host code."""
     fn: Callable[..., Any]
     traced: bool
+    symbolic_zeros: bool = False
 
     @property
     def kind(self) -> str:
