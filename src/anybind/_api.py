@@ -47,6 +47,9 @@ class Op:
         self.jvp_rule: Rule | None = None
         self.vjp_rule: Rule | None = None
         self.transpose_rule: Rule | None = None
+        self.fwd_rule: Rule | None = None
+        self.bwd_rule: Rule | None = None
+        self.residuals = None
         self.vmap: str = "sequential"
         self.vmap_rule: Rule | None = None
         if vmap in ("sequential", "vectorized"):
@@ -62,8 +65,8 @@ class Op:
             self.def_vjp(vjp, traced=traced)
         if transpose is not None:
             self.def_transpose(transpose, traced=traced)
-        self._family = Family(self)
         self._calls: dict = {}
+        self._family = Family(self)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -120,6 +123,30 @@ class Op:
                             f"with linear=True")
         return self._set("transpose", rule, traced, symbolic_zeros)
 
+    def def_fwd(self, rule: Callable | None = None, *, residuals):
+        """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.
+
+        Under ``grad``/``vjp`` the op runs ``fwd`` instead of its function and
+        keeps ``residuals`` (a pytree of arrays declared by ``residuals``, a spec
+        like ``shape``: a callable of the inputs' ShapeDtypeStructs or a
+        constant) for the bwd rule, so an expensive intermediate (a
+        factorisation, an ODE trajectory) is computed once. Host code; goes
+        with ``def_bwd``. Usable as a decorator.
+        """
+        self.residuals = residuals
+        self._calls.clear()
+        return self._set("fwd", rule, False)
+
+    def def_bwd(self, rule: Callable | None = None):
+        """Set the backward pass ``bwd(residuals, cotangent, **kw) -> tuple``: ∂f(x)ᵀ·ȳ.
+
+        One cotangent per positional argument (``None`` for zero), computed from
+        the residuals saved by the fwd rule. It replaces the vjp rule in reverse
+        mode; forward mode still uses the jvp rule. Usable as a decorator.
+        """
+        self._calls.clear()
+        return self._set("bwd", rule, False)
+
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
 
@@ -151,8 +178,17 @@ class Op:
             self, args_tree, kw_tree, static, in_avals, kw_avals)
         kw_paths = tuple(tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(
             kw_tree.unflatten(range(len(kw_avals))))[0])
+        res_tree, res_avals = None, ()
+        if (self.fwd_rule is None) != (self.bwd_rule is None):
+            given, missing = ("fwd", "bwd") if self.bwd_rule is None else ("bwd", "fwd")
+            raise TypeError(f"anybind op '{self.name}' has a {given} rule but no {missing} "
+                            f"rule; def_fwd and def_bwd go together")
+        if self.fwd_rule is not None:
+            res_tree, res_avals, _ = infer_outputs(
+                self, args_tree, kw_tree, static, in_avals, kw_avals, self.residuals,
+                "residual spec")
         call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
-                    out_avals, paths, kw_paths)
+                    out_avals, paths, kw_paths, res_tree, res_avals)
         with self._lock:
             self._calls[(args_tree, kw_tree, static, in_avals, kw_avals)] = call
         return call

@@ -21,7 +21,7 @@ from jax.interpreters import ad
 
 from . import _impls
 from ._batching import sum_unbatched, vmapped
-from ._roles import (Layout, MissingRuleError, checked, make_run, out_avals, out_names,
+from ._roles import (role_name, uses_residuals, Layout, MissingRuleError, checked, make_run, out_avals, out_names,
                          rule_of)
 from ._spec import Call, is_float
 
@@ -33,7 +33,7 @@ def _nonzero(t) -> bool:
 def _keyword_error(call: Call, i: int, role: str, action: str) -> TypeError:
     return TypeError(
         f"anybind op '{call.op.name}': {call.kw_name(i)} is a non-differentiable operand, but "
-        f"{action} through the {_impls.ROLE_NAMES[role]}. Pass it as a positional argument "
+        f"{action} through the {role_name(role, call)}. Pass it as a positional argument "
         f"to differentiate with respect to it, or wrap it in jax.lax.stop_gradient")
 
 
@@ -53,7 +53,12 @@ def jvp_rule(fam, role, primals, tangents, *, call: Call, batch, lin=None, need=
     leave as ``ad.Zero`` and no rule runs.
     """
     params = _params(role, call, batch, lin, need)
-    outs = fam[role].bind(*primals, **params)
+    saved = []
+    if role == "primal" and uses_residuals(call):  # f and its residuals in one call
+        outs = fam["fwd"].bind(*primals, call=call, batch=batch)
+        outs, saved = outs[:len(call.out_avals)], outs[len(call.out_avals):]
+    else:
+        outs = fam[role].bind(*primals, **params)
     lay = Layout(role, call, len(primals))
     for k, i in enumerate(lay.ks):
         if _nonzero(tangents[i]):
@@ -70,8 +75,9 @@ def jvp_rule(fam, role, primals, tangents, *, call: Call, batch, lin=None, need=
         core = _linear_tangent(fam, role, call, lin, need, lay, sel)
     ts = [tangents[i] for i in sel]
     if batch is not None:
-        core = vmapped(core, batch.mask + tuple(batch.mask[i] for i in sel), batch.size)
-    t_out = iter(core(*primals, *ts))
+        core = vmapped(core, batch.mask + (True,) * len(saved) + tuple(batch.mask[i] for i in sel),
+                       batch.size)
+    t_out = iter(core(*primals, *saved, *ts))
     return outs, [next(t_out) if f else ad.Zero(jax.typeof(o).to_tangent_aval())
                   for o, f in zip(outs, out_float)]
 
@@ -84,6 +90,8 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
     avals = out_avals("jvp", call, None, None)
     names = out_names("jvp", call, None)
 
+    if uses_residuals(call):  # reverse mode runs the bwd rule on the fwd rule's residuals
+        return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
     if jr is None and vr is None and not op.traced:
         raise MissingRuleError(
             f"anybind op '{op.name}' has no derivative rules; add op.def_jvp(rule) for forward "
@@ -125,12 +133,12 @@ def _jax_jvp(call: Call, present, xs, ks, ts) -> list:
 def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list]:
     """JVP of a derived primitive in its non-linear operands: JAX differentiates the rule."""
     op = call.op
-    rule = rule_of(role, op)
+    rule = rule_of(role, call)
     if rule is None or not rule.traced:
         kind = "missing" if rule is None else "host code"
         raise MissingRuleError(
             f"anybind op '{op.name}': a higher-order derivative differentiates its "
-            f"{_impls.ROLE_NAMES[role]}, which is {kind}. Host rules give first derivatives "
+            f"{role_name(role, call)}, which is {kind}. Host rules give first derivatives "
             f"only; for higher orders register the rule as traced JAX code "
             f"(op.def_{role}(rule, traced=True)), calling other bound ops where needed")
     run = make_run(role, call, rule, lin, need, jnp, ())
@@ -186,7 +194,7 @@ def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=
             if i in lay.ks:
                 raise _keyword_error(call, i - lay.ks.start, role, "a transpose was asked")
             raise TypeError(
-                f"anybind op '{op.name}': the {_impls.ROLE_NAMES[role]} is not linear in "
+                f"anybind op '{op.name}': the {role_name(role, call)} is not linear in "
                 f"positional input leaf {i - lay.xs.start}, but linear_transpose (or a "
                 f"transpose in reverse mode) treated it as linear. Declare linear=True only "
                 f"for ops linear in all positional arguments")

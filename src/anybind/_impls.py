@@ -7,12 +7,15 @@ Each builder returns ``run(*operands) -> list of output leaves`` for one role:
 role       operands                                    outputs
 =========  ==========================================  =======================
 primal     xs, ks                                      f(x) leaves
-jvp        xs, ks, ẋ (present ones, by ``lin``)         ∂f(x)·ẋ, float leaves
-vjp        xs, ks, ȳ (present ones, by ``lin``)         ∂f(x)ᵀ·ȳ, ``need`` leaves
+fwd        xs, ks                                      f(x) and residual leaves
+jvp        xs, ks, [rs], ẋ (present ones, by ``lin``)   ∂f(x)·ẋ, float leaves
+vjp        xs, ks, [rs], ȳ (present ones, by ``lin``)   ∂f(x)ᵀ·ȳ, ``need`` leaves
 transpose  ks, ȳ (present ones, by ``lin``)             Aᵀ·ȳ, ``need`` leaves
 =========  ==========================================  =======================
 
-``xs`` are the positional leaves, ``ks`` the keyword operand leaves. Absent
+``xs`` are the positional leaves, ``ks`` the keyword operand leaves, ``rs``
+the residuals of a fwd rule (present when the op has fwd and bwd rules; the
+vjp role then runs the bwd rule on them). Absent
 (symbolic zero) tangents and cotangents reach a rule as zero arrays, or as
 ``None`` when the rule was registered with ``symbolic_zeros=True``; such a vjp
 or transpose rule also receives ``needs``, one bool per positional argument,
@@ -30,8 +33,8 @@ from jax import tree_util
 
 from ._spec import Call, is_float
 
-ROLE_NAMES = {"primal": "function", "jvp": "jvp rule", "vjp": "vjp rule",
-              "transpose": "transpose rule"}
+ROLE_NAMES = {"primal": "function", "fwd": "fwd rule", "jvp": "jvp rule", "vjp": "vjp rule",
+              "bwd": "bwd rule", "transpose": "transpose rule"}
 
 
 def _zeros(xp, lead, aval):
@@ -121,9 +124,10 @@ def primal(call: Call, fn: Callable, xp, lead=(), inplace: bool = False) -> Call
 def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=(),
         symbolic: bool = False) -> Callable[..., list]:
     n, m = call.n_in, len(call.kw_avals)
+    r = len(call.res_avals)
 
     def run(*ops):
-        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
+        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m + r:]
         tangents = _fill(lin, ts, call.in_avals, xp, lead, call.float_in, symbolic)
         out = fn(call.args(xs), call.args(tangents), **call.kwargs(ks))
         leaves = _flatten_outputs(call, "jvp", out)
@@ -142,6 +146,37 @@ def vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
             _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
         out = fn(call.args(xs), ct, **call.kwargs(ks), **extra)
         return _select(_flatten_per_arg(call, "vjp", out), need, call.in_avals, xp, lead)
+    return run
+
+
+def fwd(call: Call, fn: Callable, xp, lead=()) -> Callable[..., list]:
+    n = call.n_in
+
+    def run(*ops):
+        res = fn(*call.args(ops[:n]), **call.kwargs(ops[n:]))
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise TypeError(f"anybind op '{call.op.name}': the fwd rule must return a pair "
+                            f"(output, residuals), got {type(res).__name__}")
+        out, saved = res
+        leaves = _flatten_outputs(call, "fwd", out)
+        try:
+            return leaves + call.res_tree.flatten_up_to(saved)
+        except (ValueError, TypeError) as e:
+            raise _structure_error(call, "fwd", "residuals", call.res_tree, saved, e) from None
+    return run
+
+
+def bwd(call: Call, fn: Callable, lin, need, xp, lead=(),
+        symbolic: bool = False) -> Callable[..., list]:
+    n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
+    extra = {"needs": _needs(call, need)} if symbolic else {}
+
+    def run(*ops):
+        ks, rs, cts = ops[n:n + m], ops[n + m:n + m + r], ops[n + m + r:]
+        ct = call.out_tree.unflatten(
+            _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
+        out = fn(call.res_tree.unflatten(rs), ct, **call.kwargs(ks), **extra)
+        return _select(_flatten_per_arg(call, "bwd", out), need, call.in_avals, xp, lead)
     return run
 
 

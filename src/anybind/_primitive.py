@@ -26,7 +26,7 @@ from jax._src import dispatch, effects
 
 from . import _batching, _derivatives, _hostcall, _impls
 from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
-                     out_avals, out_names, rule_of)
+                     out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, InBatched, Rule
 
 
@@ -76,7 +76,7 @@ class Family:
 
     def _lower(self, role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
         op = self.op
-        rule = rule_of(role, op)
+        rule = rule_of(role, call)
         if batch is not None and role == "primal" and isinstance(op.vmap_rule, Rule):
             rule, mode = op.vmap_rule, op.vmap_rule
         else:
@@ -85,15 +85,15 @@ class Family:
             raise MissingRuleError(missing_rule_message(role, op))
         avals = out_avals(role, call, lin, need)
         names = out_names(role, call, need)
-        role_name = "vmap rule" if rule is op.vmap_rule else _impls.ROLE_NAMES[role]
+        name = "vmap rule" if rule is op.vmap_rule else role_name(role, call)
         if not rule.traced:
             runner = _hostcall.make_host_runner(
-                call, role_name,
+                call, name,
                 lambda lead: make_run(role, call, rule, lin, need, np, lead),
                 avals, names, batch, mode,
                 inplace=role == "primal" and op.inplace and rule is not op.vmap_rule)
             return _hostcall.lower_host(
-                ctx, *args, runner=runner, call=call, role_name=role_name,
+                ctx, *args, runner=runner, call=call, role_name=name,
                 has_side_effect=role == "primal" and op.has_side_effect)
         if rule is op.vmap_rule:
             fn = _traced_vmap_rule(call, rule, batch)

@@ -4,8 +4,9 @@
 role       operands                     computes
 =========  ===========================  ================================
 primal     (xs, ks)                     f(x)
-jvp        (xs, ks, ẋ)                  ∂f(x)·ẋ, linear in ẋ
-vjp        (xs, ks, ȳ)                  ∂f(x)ᵀ·ȳ, linear in ȳ
+fwd        (xs, ks)                     f(x) and residuals r (fwd rule)
+jvp        (xs, ks, [rs], ẋ)            ∂f(x)·ẋ, linear in ẋ
+vjp        (xs, ks, [rs], ȳ)            ∂f(x)ᵀ·ȳ, linear in ȳ (bwd rule on r, if any)
 transpose  (ks, ȳ)                      Aᵀ·ȳ for a linear op f(x) = A·x
 =========  ===========================  ================================
 """
@@ -24,7 +25,7 @@ class MissingRuleError(NotImplementedError):
     """A transformation needs a rule the op does not have."""
 
 
-ROLES = ("primal", "jvp", "vjp", "transpose")
+ROLES = ("primal", "fwd", "jvp", "vjp", "transpose")
 
 
 class Layout:
@@ -34,37 +35,55 @@ class Layout:
         n, m = call.n_in, len(call.kw_avals)
         self.xs = range(0) if role == "transpose" else range(0, n)
         self.ks = range(self.xs.stop, self.xs.stop + m)
+        stop = self.ks.stop
+        self.rs = range(stop, stop + len(call.res_avals)) if role in ("jvp", "vjp") \
+            else range(stop, stop)
         if role == "primal" and call.op.linear:
             self.lin, self.nonlin = self.xs, self.ks
         else:
-            self.lin = range(self.ks.stop, n_operands)
-            self.nonlin = range(0, self.ks.stop)
+            self.lin = range(self.rs.stop, n_operands)
+            self.nonlin = range(0, self.rs.stop)
 
 
 def out_avals(role: str, call: Call, lin, need) -> list:
     if role == "primal":
         return list(call.out_avals)
+    if role == "fwd":
+        return list(call.out_avals + call.res_avals)
     if role == "jvp":
         return [a for a, f in zip(call.out_avals, call.float_out) if f]
     return [a for a, k in zip(call.in_avals, need) if k]
 
 
 def out_names(role: str, call: Call, need) -> list:
-    if role == "primal":
-        return [call.out_name(j) for j in range(len(call.out_avals))]
+    if role in ("primal", "fwd"):
+        outs = [call.out_name(j) for j in range(len(call.out_avals))]
+        return outs + [f"residual leaf {i}" for i in range(len(call.res_avals))] \
+            if role == "fwd" else outs
     if role == "jvp":
         return [f"tangent of {call.out_name(j)}" for j, f in enumerate(call.float_out) if f]
     return [f"cotangent of input leaf {i}" for i, k in enumerate(need) if k]
 
 
-def rule_of(role: str, op) -> Rule | None:
+def uses_residuals(call: Call) -> bool:
+    return call.res_tree is not None
+
+
+def role_name(role: str, call: Call) -> str:
+    return _impls.ROLE_NAMES["bwd" if role == "vjp" and uses_residuals(call) else role]
+
+
+def rule_of(role: str, call: Call) -> Rule | None:
     """The user's code that implements a role, or None when it is missing."""
+    op = call.op
     if role == "primal":
         return Rule(op.fn, op.traced)
+    if role == "fwd":
+        return op.fwd_rule
     if role == "jvp":
         return op.jvp_rule
     if role == "vjp":
-        return op.vjp_rule
+        return op.bwd_rule if uses_residuals(call) else op.vjp_rule
     if op.transpose_rule is not None:
         return op.transpose_rule
     if op.linear and op.traced:  # JAX transposes the traced function itself
@@ -75,8 +94,12 @@ def rule_of(role: str, op) -> Rule | None:
 def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable[..., list]:
     if role == "primal":
         return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
+    if role == "fwd":
+        return _impls.fwd(call, rule.fn, xp, lead)
     if role == "jvp":
         return _impls.jvp(call, rule.fn, lin, xp, lead, rule.symbolic_zeros)
+    if role == "vjp" and uses_residuals(call):
+        return _impls.bwd(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if role == "vjp":
         return _impls.vjp(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if call.op.transpose_rule is None:  # derived from a traced linear function

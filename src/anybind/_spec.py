@@ -65,7 +65,7 @@ def fmt_aval(a) -> str:
     return f"{np.dtype(a.dtype).name}{list(a.shape)}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class Call:
     """One call signature of an op: structure, avals and static keywords."""
     op: Any  # the Op; hashed by identity
@@ -78,6 +78,8 @@ class Call:
     out_avals: tuple
     out_paths: tuple = dataclasses.field(compare=False, hash=False)
     kw_paths: tuple = dataclasses.field(compare=False, hash=False)
+    res_tree: Any = None  # residuals saved by a fwd rule for its bwd rule
+    res_avals: tuple = ()
 
     @property
     def n_in(self) -> int:
@@ -102,6 +104,14 @@ class Call:
         kw = self.kw_tree.unflatten(list(ks))
         kw.update(self.static)
         return kw
+
+    def __repr__(self) -> str:
+        ins = ", ".join(fmt_aval(a) for a in self.in_avals)
+        kws = "".join(f", {p[2:-2] if p.startswith('[') else p}={fmt_aval(a)}"
+                      for p, a in zip(self.kw_paths, self.kw_avals))
+        static = "".join(f", {k}={v!r}" for k, v in self.static)
+        outs = ", ".join(fmt_aval(a) for a in self.out_avals)
+        return f"{self.op.name}({ins}{kws}{static}) -> ({outs})"
 
     def kw_name(self, i: int) -> str:
         return f"keyword argument {self.kw_paths[i]}"
@@ -142,12 +152,14 @@ def to_aval(x) -> ShapedArray:
     return ShapedArray(aval.shape, aval.dtype)
 
 
-def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals):
-    """Evaluate the op's declared output spec on these inputs."""
+def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None,
+                  what: str = "output spec"):
+    """Evaluate a declared spec (the op's outputs by default) on these inputs."""
     args = args_tree.unflatten([_sds(a) for a in in_avals])
     kwargs = kw_tree.unflatten([_sds(a) for a in kw_avals])
     kwargs.update(static)
-    shape = op.shape
+    if what == "output spec":
+        shape = op.shape
     if shape is None:
         if op.traced:
             flat_args = [*in_avals, *kw_avals]
@@ -166,7 +178,7 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals):
             out = shape(*args, **kwargs)
         except Exception as e:
             raise TypeError(
-                f"anybind op '{op.name}': the output spec {shape!r} failed on inputs "
+                f"anybind op '{op.name}': the {what} {shape!r} failed on inputs "
                 f"{args!r} with keywords {kwargs!r}: {type(e).__name__}: {e}") from e
     else:
         out = shape
@@ -175,13 +187,13 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals):
     for path, leaf in leaves_with_path:
         if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
             raise TypeError(
-                f"anybind op '{op.name}': the output spec must be a pytree of objects with "
+                f"anybind op '{op.name}': the {what} must be a pytree of objects with "
                 f"shape and dtype (jax.ShapeDtypeStruct), but at "
                 f"{tree_util.keystr(path) or 'the root'} it holds {leaf!r}")
         dtype = _dtypes.canonicalize_dtype(leaf.dtype)
         out_avals.append(ShapedArray(tuple(leaf.shape), dtype))
     paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
-    if op.linear:
+    if op.linear and what == "output spec":
         bad = [i for i, a in enumerate([*in_avals, *out_avals]) if not is_float(a)]
         if bad:
             raise TypeError(
