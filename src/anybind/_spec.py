@@ -8,6 +8,7 @@ primitive parameter and keys JAX's compilation caches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -97,10 +98,26 @@ class Call:
     def float_out(self) -> tuple:
         return tuple(is_float(a) for a in self.out_avals)
 
-    def args(self, xs):
-        return self.args_tree.unflatten(list(xs))
+    @functools.cached_property
+    def _flat_args(self) -> bool:
+        return self.args_tree == tree_util.tree_structure((0,) * self.n_in)
+
+    @functools.cached_property
+    def _static(self) -> dict:
+        return dict(self.static)
+
+    @functools.cached_property
+    def leaf_out(self) -> bool:
+        """Whether the output is a single array (no pytree around it)."""
+        return tree_util.treedef_is_leaf(self.out_tree)
+
+    def args(self, xs) -> tuple:
+        return tuple(xs) if self._flat_args else self.args_tree.unflatten(list(xs))
 
     def kwargs(self, ks) -> dict:
+        """Keyword operands and static keywords; only to be unpacked with ``**``."""
+        if not ks:
+            return self._static
         kw = self.kw_tree.unflatten(list(ks))
         kw.update(self.static)
         return kw

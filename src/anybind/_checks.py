@@ -1,0 +1,338 @@
+"""The individual checks of ``ab.check``, in the order they run.
+
+Each check takes the shared ``Context`` (``_check.py``) and records rows or
+raises ``RuleError`` through it. A check that needs a rule the op lacks
+raises ``MissingRuleError`` from JAX's transformation and is reported as
+skipped; a check that does not apply to the op (linearity of a nonlinear
+op) records nothing. Earlier checks vouch for later ones: the jvp is tested
+against finite differences before the vjp is tested against the jvp, so a
+failing vjp check points at the vjp rule.
+
+Notation: f maps the floating positional leaves x to the floating output
+leaves; ẋ are tangents, ȳ cotangents, and ⟨a, b⟩ = Re Σ a·b.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util
+
+_B = 3  # batch size of the vmap checks
+
+
+def pair(a, b) -> float:
+    """⟨a, b⟩ = Re Σ a·b: how JAX pairs cotangents with tangents (no conjugation)."""
+    return float(np.real(np.sum(np.asarray(a) * np.asarray(b))))
+
+
+def abs_pair(a, b) -> float:
+    return float(np.sum(np.abs(np.asarray(a)) * np.abs(np.asarray(b))))
+
+
+def _tangents(ctx, idx, imaginary=False) -> list:
+    return [ctx.tangent(ctx.xs[i], imaginary) for i in idx]
+
+
+def _float_names(ctx) -> list:
+    return [ctx.out_names[j] for j in ctx.fo]
+
+
+def _no_derivatives(ctx, name: str) -> bool:
+    if not ctx.fx or not ctx.fo:
+        ctx.skip(name, "no floating-point inputs or outputs to differentiate")
+        return True
+    return False
+
+
+# ------------------------------------------------------------------- values
+
+def spec(ctx) -> None:
+    """Declared output structure, shapes and dtypes vs what the function returns."""
+    op = ctx.op
+    ctx.current = ("spec", "evaluating the declared output spec")
+    declared = jax.eval_shape(
+        lambda *xs: op(*ctx.xtree.unflatten(list(xs)), **ctx.operands, **ctx.static), *ctx.xs)
+    with_path, tree = tree_util.tree_flatten_with_path(declared)
+    ctx.out_avals = [leaf for _, leaf in with_path]
+    ctx.out_names = [f"output{tree_util.keystr(p)}" for p, _ in with_path]
+    ctx.fo = [j for j, a in enumerate(ctx.out_avals) if jnp.issubdtype(a.dtype, jnp.inexact)]
+    ctx.set_tolerances()
+    if op.traced and op.shape is None:
+        ctx.direct = None
+        ctx.ok("spec", "inferred from the traced function")
+        return
+    ctx.current = ("spec", "calling the function directly")
+    if op.traced:
+        got = jax.eval_shape(lambda *xs: op.fn(*ctx.xtree.unflatten(list(xs)), **ctx.operands,
+                                               **ctx.static), *ctx.xs)
+        ctx.direct = None
+    else:
+        got = _call_host(ctx, declared)
+        ctx.direct = tree_util.tree_leaves(got)
+    if tree_util.tree_structure(got) != tree:
+        ctx.fail("spec", "output structure", f"the output spec declares {tree} but the "
+                 f"function returned {tree_util.tree_structure(got)}")
+    for name, a, r in zip(ctx.out_names, ctx.out_avals, tree_util.tree_leaves(got)):
+        shape = tuple(np.shape(r))
+        dtype = None if isinstance(r, (int, float, complex, bool)) else np.dtype(r.dtype)
+        if shape != tuple(a.shape) or (dtype is not None and dtype != np.dtype(a.dtype)):
+            ctx.fail("spec", name, f"declared {np.dtype(a.dtype).name}{list(a.shape)} but the "
+                     f"function returned {dtype or type(r).__name__}{list(shape)}; fix the "
+                     f"shape= given to ab.bind (or the function)")
+    ctx.ok("spec", f"{len(ctx.out_avals)} output(s) match")
+
+
+def _call_host(ctx, declared):
+    to_np = lambda t: tree_util.tree_map(np.asarray, t)
+    args, kw = to_np(ctx.args), {**to_np(ctx.operands), **ctx.static}
+    if not getattr(ctx.op, "inplace", False):
+        return ctx.op.fn(*args, **kw)
+    out = tree_util.tree_map(
+        lambda a: np.full(a.shape, np.nan if jnp.issubdtype(a.dtype, jnp.inexact) else -1,
+                          a.dtype), declared)
+    ctx.op.fn(*args, out=out, **kw)
+    return out
+
+
+def eager(ctx) -> None:
+    """op(x) through the host call vs the function called directly."""
+    ctx.current = ("eager", "outputs")
+    ctx.eager_out = ctx.apply(ctx.xs)
+    if ctx.direct is None:
+        if ctx.op.traced:
+            want = tree_util.tree_leaves(ctx.op.fn(*ctx.args, **ctx.operands, **ctx.static))
+            ctx.compare("eager", "op vs function", ctx.eager_out, want, ctx.out_names)
+        return
+    ctx.compare("eager", "op vs function", ctx.eager_out, ctx.direct, ctx.out_names,
+                hint="The op's result differs from calling its function on NumPy arrays.")
+
+
+def jit(ctx) -> None:
+    """jit of the op, its jvp and its vjp vs eager evaluation."""
+    ctx.current = ("jit", "outputs")
+    got = jax.jit(ctx.apply)(ctx.xs, ctx.ks)
+    ctx.compare("jit", "outputs", got, ctx.eager_out, ctx.out_names)
+    if not ctx.fx or not ctx.fo:
+        return
+    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
+    ts = _tangents(ctx, ctx.fx)
+    names = _float_names(ctx)
+    for label, g, extra in (("jvp", lambda xs, ts: jax.jvp(f, xs, ts)[1], ts),
+                            ("vjp", lambda xs, ys: jax.vjp(f, *xs)[1](ys), None)):
+        if extra is None:
+            extra = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
+            names = [ctx.x_names[i] for i in ctx.fx]
+        ctx.current = ("jit", label)
+        try:
+            want = g(xs, extra)
+        except NotImplementedError:  # the rule is missing; the jvp and vjp checks say so
+            continue
+        ctx.compare("jit", label, jax.jit(g)(xs, extra), want, names)
+
+
+# -------------------------------------------------------------- first order
+
+def jvp(ctx) -> None:
+    """∂f(x)·ẋ vs five-point central differences, per positional argument."""
+    ctx.jvp_cache = {}
+    if _no_derivatives(ctx, "jvp"):
+        return
+    op = ctx.op
+    hint = ("The tangent disagrees with finite differences of the function; "
+            + ("the op is linear=True, so its jvp is the function itself"
+               if op.linear else "check the jvp rule" if op.jvp_rule is not None
+               else "the jvp is derived from the traced vjp rule"))
+    for label, idx, imag in ctx.groups():
+        ctx.current = ("jvp", label)
+        f, xs, ts = ctx.f_of(idx), [ctx.xs[i] for i in idx], _tangents(ctx, idx, imag)
+        _, jt = jax.jvp(f, xs, ts)
+        fd, floor = ctx.fd(f, xs, ts)
+        ctx.jvp_cache[label] = (ts, jt)
+        ctx.compare("jvp", label, jt, fd, _float_names(ctx), fd=True, floor=floor, hint=hint)
+
+
+def vjp(ctx) -> None:
+    """⟨ȳ, J·ẋ⟩ = ⟨Jᵀ·ȳ, ẋ⟩ with J·ẋ from the checked jvp, or from differences without one."""
+    if _no_derivatives(ctx, "vjp"):
+        return
+    ctx.current = ("vjp", "all arguments")
+    xs = [ctx.xs[i] for i in ctx.fx]
+    ybar = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
+    cts = jax.vjp(ctx.f_of(ctx.fx), *xs)[1](ybar)
+    rule = ("the transpose rule (linear=True)" if ctx.op.linear and ctx.op.vjp_rule is None
+            else "the vjp rule")
+    for label, idx, imag in ctx.groups():
+        ctx.current = ("vjp", label)
+        if label in ctx.jvp_cache:
+            ts, jt = ctx.jvp_cache[label]
+            floor, fd = 0.0, False
+        else:
+            ts = _tangents(ctx, idx, imag)
+            jt, floor = ctx.fd(ctx.f_of(idx), [ctx.xs[i] for i in idx], ts)
+            floor, fd = floor * sum(float(np.sum(np.abs(y))) for y in ybar), True
+        c = [cts[ctx.fx.index(i)] for i in idx]
+        lhs = sum(pair(y, t) for y, t in zip(ybar, jt))
+        rhs = sum(pair(a, t) for a, t in zip(c, ts))
+        scale = sum(abs_pair(y, t) for y, t in zip(ybar, jt)) + \
+            sum(abs_pair(a, t) for a, t in zip(c, ts))
+        source = "finite differences" if fd else "the jvp (checked above)"
+        ctx.compare_scalars("vjp", label, lhs, rhs, scale, fd=fd, floor=floor,
+                            hint=f"⟨ȳ, J·ẋ⟩ from {source} differs from ⟨Jᵀ·ȳ, ẋ⟩ from "
+                                 f"{rule}, which is wrong for this argument.")
+
+
+def linearity(ctx) -> None:
+    """f(a·x + b·y) = a·f(x) + b·f(y) for a linear=True op."""
+    if not ctx.op.linear or not ctx.fx:
+        return
+    ctx.current = ("linearity", "all arguments")
+    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
+    ys = _tangents(ctx, ctx.fx)
+    a, b = 0.75, -1.25
+    lhs = f(*[a * x + b * y for x, y in zip(xs, ys)])
+    rhs = [a * u + b * v for u, v in zip(f(*xs), f(*ys))]
+    ctx.compare("linearity", "all arguments", lhs, rhs, _float_names(ctx),
+                hint="The op is declared linear=True but its function is not linear.")
+
+
+def transpose(ctx) -> None:
+    """⟨ȳ, A·ẋ⟩ = ⟨Aᵀ·ȳ, ẋ⟩ for a linear=True op, Aᵀ by jax.linear_transpose."""
+    if not ctx.op.linear or not ctx.fx:
+        return
+    ctx.current = ("transpose", "all arguments")
+    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
+    ybar = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
+    cts = jax.linear_transpose(f, *xs)(ybar)
+    for label, idx, imag in ctx.groups():
+        ctx.current = ("transpose", label)
+        ts = _tangents(ctx, idx, imag)
+        full = [jnp.zeros_like(x) for x in xs]
+        for i, t in zip(idx, ts):
+            full[ctx.fx.index(i)] = t
+        at = f(*full)
+        c = [cts[ctx.fx.index(i)] for i in idx]
+        lhs = sum(pair(y, t) for y, t in zip(ybar, at))
+        rhs = sum(pair(u, t) for u, t in zip(c, ts))
+        scale = sum(abs_pair(y, t) for y, t in zip(ybar, at)) + \
+            sum(abs_pair(u, t) for u, t in zip(c, ts))
+        ctx.compare_scalars("transpose", label, lhs, rhs, scale,
+                            hint="⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from "
+                                 "the transpose rule.")
+
+
+# -------------------------------------------------------------------- vmap
+
+def _perturbed(ctx, x):
+    """_B copies of x along a new leading axis: x itself, then multiplicative perturbations."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.stack([x] * _B)
+    u = ctx.rng.uniform(-1.0, 1.0, (_B - 1,) + x.shape)
+    return jnp.concatenate([x[None], (x[None] * (1 + 0.05 * u)).astype(x.dtype)])
+
+
+def _vmap_vs_loop(ctx, check: str, where: str, fn, leaves, mask, names, hint="") -> None:
+    ctx.current = (check, where)
+    ins = [_perturbed(ctx, x) if m else x for x, m in zip(leaves, mask)]
+    got = jax.vmap(lambda *a: list(fn(*a)), in_axes=[0 if m else None for m in mask])(*ins)
+    rows = [fn(*[x[b] if m else x for x, m in zip(ins, mask)]) for b in range(_B)]
+    want = [jnp.stack([r[j] for r in rows]) for j in range(len(got))]
+    ctx.compare(check, where, got, want, names, hint=hint)
+
+
+def vmap(ctx) -> None:
+    """vmap of the op (its mode or rule) vs a loop, all and each argument batched."""
+    op, nx = ctx.op, len(ctx.xs)
+    fn = lambda *leaves: ctx.apply(leaves[:nx], leaves[nx:])
+    leaves = [*ctx.xs, *ctx.ks]
+    groups = [f"argument {g}" for g in ctx.x_group] + ctx.k_names
+    patterns = [("all batched", [True] * len(leaves))]
+    if len(set(groups)) > 1:
+        patterns += [(f"only {g} batched", [h == g for h in groups])
+                     for g in dict.fromkeys(groups)]
+    if getattr(op, "vmap_rule", None) is not None:
+        hint = "The vmap rule computes something other than the op row by row."
+    elif op.vmap == "vectorized":
+        hint = ("With vmap='vectorized' the function gets arrays with a leading batch axis "
+                "(length 1 for unbatched arguments) and must treat each row independently.")
+    else:
+        hint = ""
+    for where, mask in patterns:
+        _vmap_vs_loop(ctx, "vmap", where, fn, leaves, mask, ctx.out_names, hint)
+
+
+def vmap_derivatives(ctx) -> None:
+    """The jvp, vjp (and transpose) primitives batched vs a loop."""
+    if not ctx.fx or not ctx.fo:
+        return
+    f, xs, n = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx], len(ctx.fx)
+    ts = _tangents(ctx, ctx.fx)
+    ys = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
+    in_names = [ctx.x_names[i] for i in ctx.fx]
+    hint = ("Under vmap='vectorized' every rule also gets a leading batch axis."
+            if ctx.op.vmap == "vectorized" else "")
+    cases = [("vmap of jvp", lambda *a: jax.jvp(f, a[:n], a[n:])[1], ts, _float_names(ctx)),
+             ("vmap of vjp", lambda *a: jax.vjp(f, *a[:n])[1](list(a[n:])), ys, in_names)]
+    if ctx.op.linear:
+        cases.append(("vmap of transpose",
+                      lambda *a: jax.linear_transpose(f, *xs)(list(a[n:])), ys, in_names))
+    for check, g, lin, names in cases:
+        ctx.current = (check, "")
+        try:
+            g(*xs, *lin)
+        except NotImplementedError as e:
+            ctx.skip(check, str(e).split(";")[0])
+            continue
+        for where, mask in (("all batched", [True] * (n + len(lin))),
+                            ("only the linear inputs batched", [False] * n + [True] * len(lin))):
+            _vmap_vs_loop(ctx, check, where, g, [*xs, *lin], mask, names, hint)
+
+
+# ------------------------------------------------------------- second order
+
+def second_order(ctx) -> None:
+    """The jvp of the jvp vs central differences of the jvp."""
+    if _no_derivatives(ctx, "2nd-order jvp") or ctx.op.linear:
+        return
+    ctx.current = ("2nd-order jvp", "all arguments")
+    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
+    t1, t2 = _tangents(ctx, ctx.fx), _tangents(ctx, ctx.fx)
+    q = lambda *x: jax.jvp(f, list(x), t1)[1]
+    _, got = jax.jvp(q, xs, t2)
+    fd, floor = ctx.fd(q, xs, t2)
+    ctx.compare("2nd-order jvp", "all arguments", got, fd, _float_names(ctx), fd=True,
+                floor=floor, hint="The derivative of the jvp disagrees with finite "
+                "differences of the jvp: check the traced rules (and the ops they call).")
+
+
+def hessian(ctx) -> None:
+    """⟨ẋ₂, H·ẋ₁⟩ = ⟨ẋ₁, H·ẋ₂⟩ (forward over reverse) = ∂²s[ẋ₁, ẋ₂] (forward over forward)."""
+    if _no_derivatives(ctx, "hessian symmetry") or ctx.op.linear:
+        return
+    ctx.current = ("hessian symmetry", "all arguments")
+    f, xs, n = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx], len(ctx.fx)
+    ybar = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
+    t1, t2 = _tangents(ctx, ctx.fx), _tangents(ctx, ctx.fx)
+    s = lambda *x: sum(jnp.real(jnp.sum(y * o)) for y, o in zip(ybar, f(*x)))
+    grad = jax.grad(s, argnums=tuple(range(n)))
+    hv1 = jax.jvp(grad, xs, t1)[1]
+    hv2 = jax.jvp(grad, xs, t2)[1]
+    h12 = sum(pair(a, b) for a, b in zip(t2, hv1))
+    h21 = sum(pair(a, b) for a, b in zip(t1, hv2))
+    scale = sum(abs_pair(a, b) for a, b in zip(t2, hv1)) + \
+        sum(abs_pair(a, b) for a, b in zip(t1, hv2))
+    ctx.compare_scalars("hessian symmetry", "forward over reverse", h12, h21, scale,
+                        hint="The Hessian of ⟨ȳ, f(x)⟩ from the rules is not symmetric.")
+    ctx.current = ("hessian symmetry", "forward over forward")
+    hff = float(jax.jvp(lambda *x: jax.jvp(s, x, t1)[1], xs, t2)[1])
+    ctx.compare_scalars("hessian symmetry", "forward over forward", hff, h12, scale,
+                        hint="Forward-over-forward and forward-over-reverse second "
+                             "derivatives disagree: the jvp and vjp rules' derivatives differ.")
+
+
+CHECKS: list = [("spec", spec), ("eager", eager), ("jit", jit), ("jvp", jvp), ("vjp", vjp),
+                ("linearity", linearity), ("transpose", transpose), ("vmap", vmap),
+                ("vmap of derivatives", vmap_derivatives), ("2nd-order jvp", second_order),
+                ("hessian symmetry", hessian)]

@@ -1,0 +1,39 @@
+"""Ready-made bindings of real scientific libraries, as anybind ops.
+
+- ``anybind.contrib.ducc0``: FFTs (c2c, r2c, c2r, Hartley), spherical harmonic
+  synthesis on HEALPix, the non-uniform FFT (types 1 and 2) and the
+  radio-interferometric wgridder, all from ducc0.
+- ``anybind.contrib.scipy``: special functions with derivatives of every order
+  (``gammaln``, ``digamma``, ``polygamma``, ``erfcx``, Bessel ``jv``, ``yv``,
+  ``iv``, ``kv``) and a sparse linear solve differentiable in the matrix and
+  the right-hand side.
+
+Importing this package imports nothing heavy; each submodule imports its
+library when it is itself imported, and says which extra to install
+(``pip install anybind[examples]``) when the library is missing.
+
+>>> import anybind.contrib
+>>> sorted(anybind.contrib.SUBMODULES)
+['ducc0', 'scipy']
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+SUBMODULES = ("ducc0", "scipy")
+__all__ = ["SUBMODULES", "require"]
+
+
+def require(library: str, user: str) -> ModuleType:
+    """Import the optional ``library`` for the contrib module ``user``, or explain.
+
+    >>> require("numpy", "anybind.contrib.example").__name__
+    'numpy'
+    """
+    try:
+        return importlib.import_module(library)
+    except ImportError as e:
+        raise ImportError(
+            f"{user} needs the optional dependency '{library}', which is not installed "
+            f"({e}); install it with: pip install 'anybind[examples]'") from e

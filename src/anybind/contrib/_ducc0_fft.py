@@ -1,0 +1,263 @@
+"""ducc0's FFTs as linear ops: ``c2c``, ``r2c``, ``c2r`` and the Hartley transform.
+
+Each transform is linear, so the op and its transpose give derivatives of
+every order. JAX transposes complex-linear maps, it does not take adjoints:
+the cotangent map of ẋ ↦ A·ẋ is ȳ ↦ Aᵀ·ȳ under the pairing ⟨a, b⟩ = Re Σ a·b.
+
+- c2c: the DFT matrix F (any sign, any normalisation) is symmetric, Fᵀ = F, so
+  c2c is its own transpose.
+- Hartley: Re F − Im F is real and symmetric, so it is its own transpose.
+- r2c (real n ↦ complex n//2+1 on the last transformed axis): ȳ ↦ Re(F_halfᵀ·ȳ)
+  = c2r(W·ȳ) with the Hermitian weights W_k = 1 at k = 0 and k = n/2, ½ else,
+  because c2r counts every interior frequency twice and keeps only Re of the
+  k = 0 and k = n/2 terms.
+- c2r (complex m ↦ real n): ȳ ↦ (2/W)·r2c(ȳ), the transpose of the same identity.
+
+All take ``axes`` (a tuple; default all axes), ``forward``, ``inorm`` (0: none,
+1: 1/√N, 2: 1/N) and ``nthreads`` as static keywords; ``vmap`` runs one ducc0
+call on the whole batch (the batch axis is left out of ``axes``).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import anybind as ab
+
+from . import require
+
+ducc0 = require("ducc0", "anybind.contrib.ducc0")
+
+__all__ = ["c2c", "r2c", "c2r", "hartley"]
+
+
+def _axes(name: str, ndim: int, axes) -> tuple:
+    """``axes`` as a tuple of distinct non-negative axes of an ``ndim``-array."""
+    if axes is None:
+        return tuple(range(ndim))
+    axes = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
+    out = []
+    for a in axes:
+        if not -ndim <= a < ndim:
+            raise ValueError(f"anybind op '{name}': axis {a} is out of range for an input "
+                             f"with {ndim} dimensions")
+        out.append(int(a) % ndim)
+    if len(set(out)) != len(out) or not out:
+        raise ValueError(f"anybind op '{name}': axes must be distinct and not empty, got {axes}")
+    return tuple(out)
+
+
+def _check_dtype(name: str, x, kind: str) -> None:
+    if not np.issubdtype(x.dtype, kind):
+        what = "complex" if kind is np.complexfloating else "real floating"
+        raise TypeError(f"anybind op '{name}': the input must be {what}, got {x.dtype}")
+
+
+def _vmap_fft(fn: Callable) -> Callable:
+    """vmap rule: one ducc0 call, the batch axis (0) left out of the transformed axes."""
+    def rule(size, in_batched, x, *, axes=None, **kw):
+        del size, in_batched
+        shifted = tuple(a + 1 for a in _axes(fn.__name__, x.ndim - 1, axes))
+        return fn(x, axes=shifted, **kw), True
+    return rule
+
+
+def _complex(dtype) -> np.dtype:
+    return np.result_type(dtype, np.complex64)
+
+
+def _real(dtype) -> np.dtype:
+    return np.finfo(dtype).dtype
+
+
+def _hermitian_weights(n: int, m: int, dtype, ndim: int, axis: int):
+    """W_k (k < m = n//2+1): 1 at k = 0 and k = n/2, ½ else, shaped to broadcast on ``axis``."""
+    w = np.full(m, 0.5, dtype=dtype)
+    w[0] = 1.0
+    if n % 2 == 0:
+        w[-1] = 1.0
+    shape = [1] * ndim
+    shape[axis] = m
+    return jnp.asarray(w.reshape(shape))
+
+
+# ------------------------------------------------------------------------ c2c
+
+def c2c_fn(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+    """Host function of ``c2c``: y = F·x with F_jk = exp(∓2πi jk/N) / N^(inorm/2)."""
+    return ducc0.fft.c2c(x, axes=_axes("c2c", x.ndim, axes), forward=forward, inorm=inorm,
+                         nthreads=nthreads)
+
+
+def _c2c_spec(x, *, axes=None, **_):
+    _check_dtype("c2c", x, np.complexfloating)
+    _axes("c2c", len(x.shape), axes)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+c2c = ab.bind(c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft(c2c_fn), name="c2c",
+              examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)) + 1j,),
+                                {"axes": (0, 1), "inorm": 1}))
+
+
+@c2c.def_transpose(traced=True)
+def _c2c_transpose(ct, **kw):
+    """transpose: ȳ ↦ Fᵀ·ȳ = F·ȳ (the DFT matrix is symmetric)."""
+    return (c2c(ct, **kw),)
+
+
+c2c.__doc__ = """Complex FFT over ``axes`` (ducc0.fft.c2c), a linear op.
+
+``c2c(x, *, axes=None, forward=True, inorm=0, nthreads=1)``; ``x`` complex.
+Transpose: itself (Fᵀ = F). Derivatives of every order.
+
+>>> import numpy as np, jax.numpy as jnp
+>>> from anybind.contrib.ducc0 import c2c
+>>> x = np.arange(4.0) + 1j
+>>> bool(jnp.allclose(c2c(x), jnp.fft.fft(x)))
+True
+"""
+
+# ----------------------------------------------------------------- r2c, c2r
+
+
+def r2c_fn(x, *, n: int, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+    """Host function of ``r2c``; ``n`` is the input length along the last transformed axis."""
+    return ducc0.fft.r2c(x, axes=_axes("r2c", x.ndim, axes), forward=forward, inorm=inorm,
+                         nthreads=nthreads)
+
+
+def _r2c_spec(x, *, n: int, axes=None, **_):
+    _check_dtype("r2c", x, np.floating)
+    ax = _axes("r2c", len(x.shape), axes)[-1]
+    if x.shape[ax] != n:
+        raise ValueError(f"anybind op 'r2c': n={n} but the input has length {x.shape[ax]} "
+                         f"along axis {ax}")
+    shape = list(x.shape)
+    shape[ax] = n // 2 + 1
+    return jax.ShapeDtypeStruct(tuple(shape), _complex(x.dtype))
+
+
+def c2r_fn(x, *, lastsize: int | None = None, axes=None, forward: bool = True, inorm: int = 0,
+           nthreads: int = 1):
+    """Host function of ``c2r``."""
+    ax = _axes("c2r", x.ndim, axes)
+    n = 2 * (x.shape[ax[-1]] - 1) if lastsize is None else lastsize
+    return ducc0.fft.c2r(x, axes=ax, lastsize=n, forward=forward, inorm=inorm,
+                         nthreads=nthreads)
+
+
+def _c2r_spec(x, *, lastsize: int | None = None, axes=None, **_):
+    _check_dtype("c2r", x, np.complexfloating)
+    ax = _axes("c2r", len(x.shape), axes)[-1]
+    m = x.shape[ax]
+    n = 2 * (m - 1) if lastsize is None else lastsize
+    if n < 1 or n // 2 + 1 != m:
+        raise ValueError(f"anybind op 'c2r': lastsize={lastsize} does not fit an input of "
+                         f"length {m} along axis {ax}; it must be {2 * m - 2} or {2 * m - 1}")
+    shape = list(x.shape)
+    shape[ax] = n
+    return jax.ShapeDtypeStruct(tuple(shape), _real(x.dtype))
+
+
+_r2c = ab.bind(r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft(r2c_fn), name="ducc0_r2c")
+c2r = ab.bind(c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft(c2r_fn), name="c2r",
+              examples=lambda: ((np.random.default_rng(0).normal(size=(3, 4)) + 0.5j,),
+                                {"axes": (0, 1), "lastsize": 7}))
+
+
+@_r2c.def_transpose(traced=True)
+def _r2c_transpose(ct, *, n: int, axes=None, **kw):
+    """transpose: ȳ ↦ Re(F_halfᵀ·ȳ) = c2r(W·ȳ), W the Hermitian weights."""
+    ax = _axes("r2c", ct.ndim, axes)
+    w = _hermitian_weights(n, ct.shape[ax[-1]], _real(ct.dtype), ct.ndim, ax[-1])
+    return (c2r(ct * w, lastsize=n, axes=ax, **kw),)
+
+
+@c2r.def_transpose(traced=True)
+def _c2r_transpose(ct, *, lastsize: int | None = None, axes=None, **kw):
+    """transpose: ȳ ↦ (2/W)·r2c(ȳ): interior frequencies count twice in a real output."""
+    ax = _axes("c2r", ct.ndim, axes)
+    n = ct.shape[ax[-1]]
+    w = _hermitian_weights(n, n // 2 + 1, _real(ct.dtype), ct.ndim, ax[-1])
+    return (_r2c(ct, n=n, axes=ax, **kw) * (1 / w),)
+
+
+def _r2c_traced(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+    ax = _axes("r2c", x.ndim, axes)
+    return _r2c(x, n=x.shape[ax[-1]], axes=ax, forward=forward, inorm=inorm, nthreads=nthreads)
+
+
+# The output of r2c does not tell its transpose the input length n, so the public op
+# is a traced linear op that passes n on; JAX transposes it through _r2c's transpose.
+r2c = ab.bind(_r2c_traced, traced=True, linear=True, name="r2c",
+              examples=lambda: ((np.random.default_rng(0).normal(size=(4, 5)),),
+                                {"axes": (0, 1)}))
+r2c.__doc__ = """Real-to-complex FFT over ``axes`` (ducc0.fft.r2c), a linear op.
+
+``r2c(x, *, axes=None, forward=True, inorm=0, nthreads=1)``; ``x`` real; the
+last axis in ``axes`` shrinks from n to n//2+1. Transpose: ȳ ↦ c2r(W·ȳ) with
+the Hermitian weights W. Derivatives of every order.
+
+>>> import numpy as np, jax.numpy as jnp
+>>> from anybind.contrib.ducc0 import r2c
+>>> x = np.arange(5.0)
+>>> bool(jnp.allclose(r2c(x), jnp.fft.rfft(x)))
+True
+"""
+c2r.__doc__ = """Complex-to-real FFT over ``axes`` (ducc0.fft.c2r), a linear op.
+
+``c2r(x, *, lastsize=None, axes=None, forward=True, inorm=0, nthreads=1)``;
+``x`` complex of length m on the last axis in ``axes``, which becomes
+``lastsize`` (2m−2 by default, or 2m−1). As numpy's irfft with ``forward=False,
+inorm=2``. Transpose: ȳ ↦ (2/W)·r2c(ȳ). Derivatives of every order.
+
+>>> import numpy as np, jax.numpy as jnp
+>>> from anybind.contrib.ducc0 import c2r
+>>> y = np.fft.rfft(np.arange(5.0))
+>>> bool(jnp.allclose(c2r(y, lastsize=5, forward=False, inorm=2), jnp.arange(5.0)))
+True
+"""
+
+# -------------------------------------------------------------------- Hartley
+
+
+def hartley_fn(x, *, axes=None, inorm: int = 0, nthreads: int = 1):
+    """Host function of ``hartley``: Re(F·x) − Im(F·x), F the forward DFT over ``axes``."""
+    return ducc0.fft.genuine_fht(x, axes=_axes("hartley", x.ndim, axes), inorm=inorm,
+                                 nthreads=nthreads)
+
+
+def _hartley_spec(x, *, axes=None, **_):
+    _check_dtype("hartley", x, np.floating)
+    _axes("hartley", len(x.shape), axes)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+hartley = ab.bind(hartley_fn, shape=_hartley_spec, linear=True, vmap=_vmap_fft(hartley_fn),
+                  name="hartley",
+                  examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)),),
+                                    {"axes": (0, 1)}))
+
+
+@hartley.def_transpose(traced=True)
+def _hartley_transpose(ct, **kw):
+    """transpose: ȳ ↦ Hᵀ·ȳ = H·ȳ (H = Re F − Im F is symmetric)."""
+    return (hartley(ct, **kw),)
+
+
+hartley.__doc__ = """Full Hartley transform over ``axes`` (ducc0.fft.genuine_fht), a linear op.
+
+``hartley(x, *, axes=None, inorm=0, nthreads=1)``; ``x`` real; the result is
+Re(F·x) − Im(F·x) for the forward multi-dimensional DFT F. Its own transpose.
+
+>>> import numpy as np, jax.numpy as jnp
+>>> from anybind.contrib.ducc0 import hartley
+>>> x = np.arange(4.0)
+>>> f = jnp.fft.fft(x)
+>>> bool(jnp.allclose(hartley(x), f.real - f.imag))
+True
+"""
