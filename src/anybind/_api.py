@@ -77,12 +77,14 @@ class Op:
 
     # ---------------------------------------------------------------- rules
 
-    def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False):
+    def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False,
+             input_shapes: bool = False):
         def register(r):
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
-            setattr(self, f"{kind}_rule", Rule(r, bool(traced), bool(symbolic_zeros)))
+            setattr(self, f"{kind}_rule",
+                    Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes)))
             return r
         return register if rule is None else register(rule)
 
@@ -112,16 +114,20 @@ class Op:
         return self._set("vjp", rule, traced, symbolic_zeros)
 
     def def_transpose(self, rule: Callable | None = None, *, traced: bool = False,
-                      symbolic_zeros: bool = False):
+                      symbolic_zeros: bool = False, input_shapes: bool = False):
         """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
 
         Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
-        (``None`` for zero). ``symbolic_zeros`` as for ``def_vjp``. Usable as a decorator.
+        (``None`` for zero). ``symbolic_zeros`` as for ``def_vjp``. With
+        ``input_shapes=True`` the rule also gets ``input_shapes``: the positional
+        arguments as pytrees of ``jax.ShapeDtypeStruct`` (for maps whose output
+        does not determine the input's shape, such as a real FFT). Usable as a
+        decorator.
         """
         if not self.linear:
             raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
                             f"with linear=True")
-        return self._set("transpose", rule, traced, symbolic_zeros)
+        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes)
 
     def def_fwd(self, rule: Callable | None = None, *, residuals):
         """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.

@@ -273,20 +273,22 @@ def vmap_derivatives(ctx) -> None:
     in_names = [ctx.x_names[i] for i in ctx.fx]
     hint = ("Under vmap='vectorized' every rule also gets a leading batch axis."
             if ctx.op.vmap == "vectorized" else "")
-    cases = [("vmap of jvp", lambda *a: jax.jvp(f, a[:n], a[n:])[1], ts, _float_names(ctx)),
-             ("vmap of vjp", lambda *a: jax.vjp(f, *a[:n])[1](list(a[n:])), ys, in_names)]
+    cases = [("vmap of jvp", "tangents", lambda *a: jax.jvp(f, a[:n], a[n:])[1], ts,
+              _float_names(ctx)),
+             ("vmap of vjp", "cotangents", lambda *a: jax.vjp(f, *a[:n])[1](list(a[n:])), ys,
+              in_names)]
     if ctx.op.linear:
-        cases.append(("vmap of transpose",
+        cases.append(("vmap of transpose", "cotangents",
                       lambda *a: jax.linear_transpose(f, *xs)(list(a[n:])), ys, in_names))
-    for check, g, lin, names in cases:
+    for check, what, g, lin, names in cases:
         ctx.current = (check, "")
         try:
             g(*xs, *lin)
         except NotImplementedError as e:
-            ctx.skip(check, str(e).split(";")[0])
+            ctx.skip(check, str(e))
             continue
         for where, mask in (("all batched", [True] * (n + len(lin))),
-                            ("only the linear inputs batched", [False] * n + [True] * len(lin))):
+                            (f"only {what} batched", [False] * n + [True] * len(lin))):
             _vmap_vs_loop(ctx, check, where, g, [*xs, *lin], mask, names, hint)
 
 
@@ -332,7 +334,7 @@ def hessian(ctx) -> None:
                              "derivatives disagree: the jvp and vjp rules' derivatives differ.")
 
 
-CHECKS: list = [("spec", spec), ("eager", eager), ("jit", jit), ("jvp", jvp), ("vjp", vjp),
-                ("linearity", linearity), ("transpose", transpose), ("vmap", vmap),
+CHECKS: list = [("spec", spec), ("eager", eager), ("jit", jit), ("jvp", jvp),
+                ("linearity", linearity), ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
                 ("vmap of derivatives", vmap_derivatives), ("2nd-order jvp", second_order),
                 ("hessian symmetry", hessian)]

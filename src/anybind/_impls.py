@@ -180,9 +180,11 @@ def bwd(call: Call, fn: Callable, lin, need, xp, lead=(),
 
 
 def transpose(call: Call, fn: Callable, lin, need, xp, lead=(),
-              symbolic: bool = False) -> Callable[..., list]:
+              symbolic: bool = False, input_shapes: bool = False) -> Callable[..., list]:
     m = len(call.kw_avals)
     extra = {"needs": _needs(call, need)} if symbolic else {}
+    if input_shapes:
+        extra["input_shapes"] = call.input_shapes
 
     def run(*ops):
         ks, cts = ops[:m], ops[m:]

@@ -104,7 +104,8 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
         return _impls.vjp(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if call.op.transpose_rule is None:  # derived from a traced linear function
         return _traced_linear_transpose(call, lin, need)
-    return _impls.transpose(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
+    return _impls.transpose(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros,
+                            rule.input_shapes)
 
 
 def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:

@@ -26,6 +26,7 @@ class Rule:
     fn: Callable[..., Any]
     traced: bool
     symbolic_zeros: bool = False
+    input_shapes: bool = False
 
     @property
     def kind(self) -> str:
@@ -129,6 +130,11 @@ class Call:
         static = "".join(f", {k}={v!r}" for k, v in self.static)
         outs = ", ".join(fmt_aval(a) for a in self.out_avals)
         return f"{self.op.name}({ins}{kws}{static}) -> ({outs})"
+
+    @functools.cached_property
+    def input_shapes(self) -> tuple:
+        """The positional arguments as pytrees of ShapeDtypeStruct."""
+        return self.args([_sds(a) for a in self.in_avals])
 
     def kw_name(self, i: int) -> str:
         return f"keyword argument {self.kw_paths[i]}"

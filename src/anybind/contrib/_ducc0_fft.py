@@ -56,11 +56,11 @@ def _check_dtype(name: str, x, kind: str) -> None:
         raise TypeError(f"anybind op '{name}': the input must be {what}, got {x.dtype}")
 
 
-def _vmap_fft(fn: Callable) -> Callable:
+def _vmap_fft(name: str, fn: Callable) -> Callable:
     """vmap rule: one ducc0 call, the batch axis (0) left out of the transformed axes."""
     def rule(size, in_batched, x, *, axes=None, **kw):
         del size, in_batched
-        shifted = tuple(a + 1 for a in _axes(fn.__name__, x.ndim - 1, axes))
+        shifted = tuple(a + 1 for a in _axes(name, x.ndim - 1, axes))
         return fn(x, axes=shifted, **kw), True
     return rule
 
@@ -86,7 +86,7 @@ def _hermitian_weights(n: int, m: int, dtype, ndim: int, axis: int):
 
 # ------------------------------------------------------------------------ c2c
 
-def c2c_fn(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+def _c2c_fn(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
     """Host function of ``c2c``: y = F·x with F_jk = exp(∓2πi jk/N) / N^(inorm/2)."""
     return ducc0.fft.c2c(x, axes=_axes("c2c", x.ndim, axes), forward=forward, inorm=inorm,
                          nthreads=nthreads)
@@ -98,7 +98,7 @@ def _c2c_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-c2c = ab.bind(c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft(c2c_fn), name="c2c",
+c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn), name="c2c",
               examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)) + 1j,),
                                 {"axes": (0, 1), "inorm": 1}))
 
@@ -124,7 +124,7 @@ True
 # ----------------------------------------------------------------- r2c, c2r
 
 
-def r2c_fn(x, *, n: int, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+def _r2c_fn(x, *, n: int, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
     """Host function of ``r2c``; ``n`` is the input length along the last transformed axis."""
     return ducc0.fft.r2c(x, axes=_axes("r2c", x.ndim, axes), forward=forward, inorm=inorm,
                          nthreads=nthreads)
@@ -141,7 +141,7 @@ def _r2c_spec(x, *, n: int, axes=None, **_):
     return jax.ShapeDtypeStruct(tuple(shape), _complex(x.dtype))
 
 
-def c2r_fn(x, *, lastsize: int | None = None, axes=None, forward: bool = True, inorm: int = 0,
+def _c2r_fn(x, *, lastsize: int | None = None, axes=None, forward: bool = True, inorm: int = 0,
            nthreads: int = 1):
     """Host function of ``c2r``."""
     ax = _axes("c2r", x.ndim, axes)
@@ -163,8 +163,8 @@ def _c2r_spec(x, *, lastsize: int | None = None, axes=None, **_):
     return jax.ShapeDtypeStruct(tuple(shape), _real(x.dtype))
 
 
-_r2c = ab.bind(r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft(r2c_fn), name="ducc0_r2c")
-c2r = ab.bind(c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft(c2r_fn), name="c2r",
+_r2c = ab.bind(_r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft("r2c", _r2c_fn), name="ducc0_r2c")
+c2r = ab.bind(_c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft("c2r", _c2r_fn), name="c2r",
               examples=lambda: ((np.random.default_rng(0).normal(size=(3, 4)) + 0.5j,),
                                 {"axes": (0, 1), "lastsize": 7}))
 
@@ -225,7 +225,7 @@ True
 # -------------------------------------------------------------------- Hartley
 
 
-def hartley_fn(x, *, axes=None, inorm: int = 0, nthreads: int = 1):
+def _hartley_fn(x, *, axes=None, inorm: int = 0, nthreads: int = 1):
     """Host function of ``hartley``: Re(F·x) − Im(F·x), F the forward DFT over ``axes``."""
     return ducc0.fft.genuine_fht(x, axes=_axes("hartley", x.ndim, axes), inorm=inorm,
                                  nthreads=nthreads)
@@ -237,7 +237,7 @@ def _hartley_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-hartley = ab.bind(hartley_fn, shape=_hartley_spec, linear=True, vmap=_vmap_fft(hartley_fn),
+hartley = ab.bind(_hartley_fn, shape=_hartley_spec, linear=True, vmap=_vmap_fft("hartley", _hartley_fn),
                   name="hartley",
                   examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)),),
                                     {"axes": (0, 1)}))
