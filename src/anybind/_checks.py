@@ -328,7 +328,7 @@ def hessian(ctx) -> None:
     ctx.compare_scalars("hessian symmetry", "forward over reverse", h12, h21, scale,
                         hint="The Hessian of ⟨ȳ, f(x)⟩ from the rules is not symmetric.")
     ctx.current = ("hessian symmetry", "forward over forward")
-    hff = float(jax.jvp(lambda *x: jax.jvp(s, x, t1)[1], xs, t2)[1])
+    hff = float(jax.jvp(lambda *x: jax.jvp(s, list(x), t1)[1], xs, t2)[1])
     ctx.compare_scalars("hessian symmetry", "forward over forward", hff, h12, scale,
                         hint="Forward-over-forward and forward-over-reverse second "
                              "derivatives disagree: the jvp and vjp rules' derivatives differ.")

@@ -100,6 +100,15 @@ class Call:
         return tuple(is_float(a) for a in self.out_avals)
 
     @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.op, self.args_tree, self.kw_tree, self.static, self.in_avals,
+                     self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
+                     self.res_avals))
+
+    def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
+        return self._hash
+
+    @functools.cached_property
     def _flat_args(self) -> bool:
         return self.args_tree == tree_util.tree_structure((0,) * self.n_in)
 
