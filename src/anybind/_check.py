@@ -241,15 +241,17 @@ class Context:
         return jnp.asarray(r).astype(like.dtype)
 
     def groups(self) -> list:
-        """(label, float leaf indices, imaginary direction?) per positional argument."""
+        """(label, float leaf indices, imaginary direction?) per argument, or per leaf of one."""
         out = []
         for g in range(len(self.args)):
             idx = [i for i in self.fx if self.x_group[i] == g]
-            if idx:
-                out.append((f"argument {g}", idx, False))
-                if any(jnp.iscomplexobj(self.xs[i]) for i in idx):
-                    out.append((f"argument {g}, imaginary direction", idx, True))
-        if len({self.x_group[i] for i in self.fx}) > 1:
+            parts = [[i] for i in idx] if len(idx) > 1 else [idx] if idx else []
+            for part in parts:
+                label = self.x_names[part[0]] if len(idx) > 1 else f"argument {g}"
+                out.append((label, part, False))
+                if any(jnp.iscomplexobj(self.xs[i]) for i in part):
+                    out.append((f"{label}, imaginary direction", part, True))
+        if len(self.fx) > 1:
             out.append(("all arguments", list(self.fx), False))
         return out
 
@@ -291,21 +293,29 @@ class Context:
                 worst = (err, tol, name)
         self.ok(check, where, worst[0], worst[1])
 
-    def compare_scalars(self, check: str, where: str, lhs: float, rhs: float, scale: float,
+    def compare_scalars(self, check: str, where: str, lhs: float, rhs: float, bound: float,
                         *, fd: bool = False, floor: float = 0.0, hint: str = "") -> None:
-        err, tol = self.measure(abs(lhs - rhs), scale, fd, floor)
+        """Compare two sides of an identity; ``bound`` is Σ|terms|, the scale of rounding."""
+        ref = max(abs(lhs), abs(rhs))
+        err, tol = self.measure(abs(lhs - rhs), ref, fd, floor, bound)
         if not err <= tol:
             self.fail(check, where, f"{lhs:.6g} ≠ {rhs:.6g}: relative error {err:.2e} exceeds "
                       f"tolerance {tol:.2e}. {hint}", err, tol)
         self.ok(check, where, err, tol)
 
-    def measure(self, diff: float, scale: float, fd: bool, floor: float) -> tuple:
-        """(relative error, relative tolerance) of an absolute difference at a scale."""
+    def measure(self, diff: float, ref: float, fd: bool, floor: float,
+                bound: float | None = None) -> tuple:
+        """(relative error, relative tolerance) of an absolute difference.
+
+        Both are relative to ``ref``; the tolerance is rtol·``bound`` (default
+        ``ref``) plus atol plus ``floor`` (the rounding noise of differences).
+        """
         rtol = self.rtol_fd if fd else self.rtol_exact
-        diff, scale = float(diff), float(scale)
-        if scale == 0.0:
-            return 0.0 if diff == 0.0 else math.inf, rtol
-        return diff / scale, rtol + (self.atol + floor) / scale
+        diff, ref = float(diff), float(ref)
+        bound = ref if bound is None else float(bound)
+        if ref == 0.0:
+            return (0.0 if diff == 0.0 else math.inf), rtol
+        return diff / ref, (rtol * bound + self.atol + floor) / ref
 
     # ----------------------------------------------------------------- outcomes
 
@@ -334,7 +344,14 @@ class Context:
             raise
         except Exception as e:
             where = self.current[1] or "running it"
-            self.fail(name, where, f"raised {type(e).__name__}: {e}")
+            self.fail(name, where, f"raised {_short(e)}")
+
+
+def _short(e: Exception) -> str:
+    """The exception's message, without the traceback XLA wraps around host errors."""
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    ours = [l for l in lines if "anybind op" in l]
+    return ours[-1] if ours else f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 def describe(op) -> str:

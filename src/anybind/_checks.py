@@ -141,10 +141,11 @@ def jvp(ctx) -> None:
     if _no_derivatives(ctx, "jvp"):
         return
     op = ctx.op
-    hint = ("The tangent disagrees with finite differences of the function; "
-            + ("the op is linear=True, so its jvp is the function itself"
-               if op.linear else "check the jvp rule" if op.jvp_rule is not None
-               else "the jvp is derived from the traced vjp rule"))
+    source = ("the op is linear=True, so its jvp is the function itself" if op.linear
+              else "check the jvp rule" if op.jvp_rule is not None
+              else "the jvp is derived from the traced vjp rule" if op.vjp_rule is not None
+              else "the jvp is JAX's derivative of the traced function")
+    hint = f"The tangent disagrees with finite differences of the function; {source}."
     for label, idx, imag in ctx.groups():
         ctx.current = ("jvp", label)
         f, xs, ts = ctx.f_of(idx), [ctx.xs[i] for i in idx], _tangents(ctx, idx, imag)
@@ -334,7 +335,8 @@ def hessian(ctx) -> None:
                              "derivatives disagree: the jvp and vjp rules' derivatives differ.")
 
 
-CHECKS: list = [("spec", spec), ("eager", eager), ("jit", jit), ("jvp", jvp),
-                ("linearity", linearity), ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
-                ("vmap of derivatives", vmap_derivatives), ("2nd-order jvp", second_order),
+CHECKS: list = [("spec", spec), ("eager", eager), ("jvp", jvp), ("linearity", linearity),
+                ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
+                ("vmap of derivatives", vmap_derivatives), ("jit", jit),
+                ("2nd-order jvp", second_order),
                 ("hessian symmetry", hessian)]
