@@ -42,7 +42,7 @@ def check_jvp_fd(f, x, dx, rtol=1e-6, atol=1e-6):
 
 
 def check_transpose_identity(f, x, dx, ybar, rtol=1e-10, atol=1e-10):
-    """⟨ȳ, J·ẋ⟩ = ⟨Jᵀ·ȳ, ẋ⟩ for f at x (real inner product on re/im parts)."""
+    """⟨ȳ, J·ẋ⟩ = ⟨Jᵀ·ȳ, ẋ⟩ for f at x (⟨a, b⟩ = Re Σ a·b, see ``_inner``)."""
     _, jdx = jax.jvp(f, (x,), (dx,))
     _, pullback = jax.vjp(f, x)
     (jt_ybar,) = pullback(ybar)
@@ -52,5 +52,85 @@ def check_transpose_identity(f, x, dx, ybar, rtol=1e-10, atol=1e-10):
 
 
 def _inner(a, b) -> float:
+    """Re Σ a·b, without conjugation: the pairing under which JAX's transposes of
+    complex maps are transposes (JAX's vjp of z ↦ c·z is ȳ ↦ c·ȳ, not c̄·ȳ)."""
     a, b = np.asarray(a), np.asarray(b)
-    return float(np.sum(a.real * b.real) + np.sum(a.imag * b.imag))
+    return float(np.sum(a.real * b.real) - np.sum(a.imag * b.imag))
+
+
+# ------------------------------------------------------------ pytree checks
+
+def _is_inexact(x) -> bool:
+    return np.issubdtype(np.asarray(x).dtype, np.inexact)
+
+
+def tree_randn_like(tree, seed: int = SEED):
+    """Random normal leaves shaped like ``tree``'s (real or complex like each leaf)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = [randn(np.shape(l), np.asarray(l).dtype, seed=seed + i) if _is_inexact(l)
+           else np.zeros(np.shape(l), jax.dtypes.float0) for i, l in enumerate(leaves)]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def tree_inner(a, b) -> float:
+    """Σ over leaves of ⟨a, b⟩ = Re Σ a·b (see ``_inner``)."""
+    total = 0.0
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        if _is_inexact(x) and _is_inexact(y):
+            total += _inner(x, y)
+    return total
+
+
+def tree_central_difference(f, args: tuple, dargs: tuple, eps=None):
+    """Central differences of f(*args) along dargs, for pytree arguments and outputs."""
+    leaves = [l for l in jax.tree_util.tree_leaves(args) if _is_inexact(l)]
+    if eps is None:
+        scale = max([1.0] + [float(np.max(np.abs(l))) for l in leaves if np.size(l)])
+        eps = 1e-6 * scale
+
+    def shift(s):
+        return jax.tree_util.tree_map(
+            lambda x, d: x + s * eps * d if _is_inexact(x) else x, args, dargs)
+
+    plus, minus = f(*shift(1.0)), f(*shift(-1.0))
+    return jax.tree_util.tree_map(
+        lambda p, m: (np.asarray(p) - np.asarray(m)) / (2 * eps) if _is_inexact(p)
+        else np.zeros(np.shape(p), jax.dtypes.float0), plus, minus)
+
+
+def check_first_order(f, args: tuple, seed: int = 1, rtol=1e-6, atol=1e-6):
+    """jvp of f(*args) against central differences, vjp against jvp (transpose identity).
+
+    ``args`` are pytrees; integer leaves get float0 tangents and are held fixed.
+    """
+    dargs = tree_randn_like(args, seed)
+    out, tangent = jax.jvp(f, args, dargs)
+    fd = tree_central_difference(f, args, dargs)
+    for t, d in zip(jax.tree_util.tree_leaves(tangent), jax.tree_util.tree_leaves(fd),
+                    strict=True):
+        if _is_inexact(t):
+            np.testing.assert_allclose(np.asarray(t), d, rtol=rtol, atol=atol)
+    ybar = tree_randn_like(out, seed + 100)
+    _, pullback = jax.vjp(f, *args)
+    xbar = pullback(ybar)
+    np.testing.assert_allclose(tree_inner(ybar, tangent), tree_inner(xbar, dargs),
+                               rtol=1e-9, atol=1e-9)
+
+
+def assert_tree_close(a, b, rtol=1e-10, atol=1e-10):
+    """Same structure, same dtypes, close values (exact for integer leaves)."""
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b), (
+        f"{jax.tree_util.tree_structure(a)} != {jax.tree_util.tree_structure(b)}")
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype, f"dtype {x.dtype} != {y.dtype}"
+        assert x.shape == y.shape, f"shape {x.shape} != {y.shape}"
+        if _is_inexact(x):
+            np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+        elif x.dtype != jax.dtypes.float0:
+            np.testing.assert_array_equal(x, y)
+
+
+def host_call_count(lowered) -> int:
+    """Number of host callbacks (custom calls to the Python CPU callback) in a lowering."""
+    return lowered.as_text().count("xla_buffer_python_cpu_callback")
