@@ -98,7 +98,7 @@ def _c2c_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn), name="c2c",
+c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn), name="ducc0_c2c",
               examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)) + 1j,),
                                 {"axes": (0, 1), "inorm": 1}))
 
@@ -124,25 +124,22 @@ True
 # ----------------------------------------------------------------- r2c, c2r
 
 
-def _r2c_fn(x, *, n: int, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
-    """Host function of ``r2c``; ``n`` is the input length along the last transformed axis."""
+def _r2c_fn(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+    """Host function of ``r2c``: the first n//2+1 rows of F·x on the last transformed axis."""
     return ducc0.fft.r2c(x, axes=_axes("r2c", x.ndim, axes), forward=forward, inorm=inorm,
                          nthreads=nthreads)
 
 
-def _r2c_spec(x, *, n: int, axes=None, **_):
+def _r2c_spec(x, *, axes=None, **_):
     _check_dtype("r2c", x, np.floating)
     ax = _axes("r2c", len(x.shape), axes)[-1]
-    if x.shape[ax] != n:
-        raise ValueError(f"anybind op 'r2c': n={n} but the input has length {x.shape[ax]} "
-                         f"along axis {ax}")
     shape = list(x.shape)
-    shape[ax] = n // 2 + 1
+    shape[ax] = x.shape[ax] // 2 + 1
     return jax.ShapeDtypeStruct(tuple(shape), _complex(x.dtype))
 
 
 def _c2r_fn(x, *, lastsize: int | None = None, axes=None, forward: bool = True, inorm: int = 0,
-           nthreads: int = 1):
+            nthreads: int = 1):
     """Host function of ``c2r``."""
     ax = _axes("c2r", x.ndim, axes)
     n = 2 * (x.shape[ax[-1]] - 1) if lastsize is None else lastsize
@@ -163,16 +160,25 @@ def _c2r_spec(x, *, lastsize: int | None = None, axes=None, **_):
     return jax.ShapeDtypeStruct(tuple(shape), _real(x.dtype))
 
 
-_r2c = ab.bind(_r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft("r2c", _r2c_fn), name="ducc0_r2c")
-c2r = ab.bind(_c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft("c2r", _c2r_fn), name="c2r",
+r2c = ab.bind(_r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft("r2c", _r2c_fn),
+              name="ducc0_r2c",
+              examples=lambda: ((np.random.default_rng(0).normal(size=(4, 5)),),
+                                {"axes": (0, 1)}))
+c2r = ab.bind(_c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft("c2r", _c2r_fn),
+              name="ducc0_c2r",
               examples=lambda: ((np.random.default_rng(0).normal(size=(3, 4)) + 0.5j,),
                                 {"axes": (0, 1), "lastsize": 7}))
 
 
-@_r2c.def_transpose(traced=True)
-def _r2c_transpose(ct, *, n: int, axes=None, **kw):
-    """transpose: ȳ ↦ Re(F_halfᵀ·ȳ) = c2r(W·ȳ), W the Hermitian weights."""
+@r2c.def_transpose(traced=True, input_shapes=True)
+def _r2c_transpose(ct, *, input_shapes, axes=None, **kw):
+    """transpose: ȳ ↦ Re(F_halfᵀ·ȳ) = c2r(W·ȳ), W the Hermitian weights.
+
+    The output length n//2+1 does not tell n, so the rule reads it from the input shape.
+    """
+    (x,) = input_shapes
     ax = _axes("r2c", ct.ndim, axes)
+    n = x.shape[ax[-1]]
     w = _hermitian_weights(n, ct.shape[ax[-1]], _real(ct.dtype), ct.ndim, ax[-1])
     return (c2r(ct * w, lastsize=n, axes=ax, **kw),)
 
@@ -183,19 +189,9 @@ def _c2r_transpose(ct, *, lastsize: int | None = None, axes=None, **kw):
     ax = _axes("c2r", ct.ndim, axes)
     n = ct.shape[ax[-1]]
     w = _hermitian_weights(n, n // 2 + 1, _real(ct.dtype), ct.ndim, ax[-1])
-    return (_r2c(ct, n=n, axes=ax, **kw) * (1 / w),)
+    return (r2c(ct, axes=ax, **kw) * (1 / w),)
 
 
-def _r2c_traced(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
-    ax = _axes("r2c", x.ndim, axes)
-    return _r2c(x, n=x.shape[ax[-1]], axes=ax, forward=forward, inorm=inorm, nthreads=nthreads)
-
-
-# The output of r2c does not tell its transpose the input length n, so the public op
-# is a traced linear op that passes n on; JAX transposes it through _r2c's transpose.
-r2c = ab.bind(_r2c_traced, traced=True, linear=True, name="r2c",
-              examples=lambda: ((np.random.default_rng(0).normal(size=(4, 5)),),
-                                {"axes": (0, 1)}))
 r2c.__doc__ = """Real-to-complex FFT over ``axes`` (ducc0.fft.r2c), a linear op.
 
 ``r2c(x, *, axes=None, forward=True, inorm=0, nthreads=1)``; ``x`` real; the
@@ -238,7 +234,7 @@ def _hartley_spec(x, *, axes=None, **_):
 
 
 hartley = ab.bind(_hartley_fn, shape=_hartley_spec, linear=True, vmap=_vmap_fft("hartley", _hartley_fn),
-                  name="hartley",
+                  name="ducc0_hartley",
                   examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)),),
                                     {"axes": (0, 1)}))
 

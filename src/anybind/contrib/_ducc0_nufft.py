@@ -191,7 +191,7 @@ def _nu2u_jvp(primals, tangents, *, n_modes, **kw):
 def _nu2u_vjp(primals, ct, *, n_modes, needs, **kw):
     """vjp: ȳ ↦ (u2nu(ȳ), Re(α_d c ⊙ u2nu(k_d ⊙ ȳ)) for each d)."""
     c, x = primals
-    if ct is None:
+    if ct is None or not any(needs):
         return None, None
     lead = c.ndim - 1
     ks = _kgrids(n_modes, lead, kw, x.dtype)
@@ -231,7 +231,7 @@ def _u2nu_jvp(primals, tangents, **kw):
 def _u2nu_vjp(primals, ct, *, needs, **kw):
     """vjp: ȳ ↦ (nu2u(ȳ), Re(α_d ȳ ⊙ u2nu(k_d ⊙ g)) for each d)."""
     g, x = primals
-    if ct is None:
+    if ct is None or not any(needs):
         return None, None
     nd = x.shape[1]
     lead = g.ndim - nd
