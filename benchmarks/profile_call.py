@@ -1,0 +1,203 @@
+#!/usr/bin/env python
+"""Where a host call's microseconds go at n = 1: anybind against raw buffer_callback.
+
+    python benchmarks/profile_call.py [--calls 10000]
+
+1. End-to-end µs per jitted call (round-robin, min and median, as in run.py).
+2. The Python time spent inside each route's host callback, timed with
+   ``perf_counter_ns`` around the callback XLA invokes (both routes register
+   theirs with ``ModuleContext.add_host_callback``; the wrapper is installed at
+   lowering time). End-to-end minus this is XLA's dispatch, the custom call and
+   the C++ side of the FFI handler (GIL, Buffer objects), the same for both.
+3. ``cProfile`` of anybind's callback alone (enabled on entry, disabled on exit),
+   top functions by own time, per host call. cProfile inflates every Python
+   call by a similar amount, so read it for where, not for how much.
+4. The cost of the elementary steps a host callback performs, timed inside a
+   live callback on XLA's real buffers.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run  # noqa: E402  (first: it sets the BLAS thread count and x64)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax._src.interpreters import mlir as _mlir  # noqa: E402
+from jax.experimental.buffer_callback import buffer_callback  # noqa: E402
+
+import routes  # noqa: E402
+
+_original_add = _mlir.ModuleContext.add_host_callback
+_current: dict = {"route": None, "profile": None}
+ACC: dict[str, list[int]] = {}
+
+
+def _add_host_callback(self, cb):
+    route = _current["route"]
+    if route is None:
+        return _original_add(self, cb)
+    acc = ACC.setdefault(route, [0, 0])
+    prof = _current["profile"]
+
+    if prof is None:
+        def timed(*a):
+            t0 = time.perf_counter_ns()
+            try:
+                return cb(*a)
+            finally:
+                acc[0] += 1
+                acc[1] += time.perf_counter_ns() - t0
+    else:
+        def timed(*a):
+            prof.enable()
+            try:
+                return cb(*a)
+            finally:
+                prof.disable()
+    return _original_add(self, timed)
+
+
+_mlir.ModuleContext.add_host_callback = _add_host_callback
+
+
+def _compile(name: str, f, args, profile=None):
+    """jit(f), lowered with the timing (or profiling) wrapper around its callbacks."""
+    _current.update(route=name, profile=profile)
+    try:
+        g = jax.jit(lambda *a: f(*a))  # a fresh function: no cached lowering is reused
+        jax.block_until_ready(g(*args))
+    finally:
+        _current.update(route=None, profile=None)
+    ACC.setdefault(name, [0, 0])[:] = [0, 0]  # forget the first call
+    return g
+
+
+def step_costs(batches: int = 30, reps: int = 1000) -> dict[str, float]:
+    """ns per elementary step, timed inside one live callback on XLA's buffers.
+
+    Each step runs in ``batches`` bursts of ``reps``; the fastest burst counts,
+    less the cost of the empty loop.
+    """
+    out: dict[str, float] = {}
+    x = routes.mul_inputs((1,))
+
+    def host(ctx, o, x1, x2):
+        def t(label, fn):
+            best = float("inf")
+            for _ in range(batches):
+                t0 = time.perf_counter_ns()
+                for _ in range(reps):
+                    fn()
+                best = min(best, (time.perf_counter_ns() - t0) / reps)
+            out[label] = best
+
+        a1, a2, ao = np.asarray(x1), np.asarray(x2), np.asarray(o)
+        r = a1 * a2**2
+        flat = jax.tree_util.tree_flatten(((1, 2), {}))[1]
+        aval = jax.core.ShapedArray((1,), np.float64)
+
+        def seta():
+            v = np.asarray(x1)
+            v.setflags(write=False)
+
+        t("empty", lambda: None)
+        t("np.asarray(Buffer)", lambda: np.asarray(x1))
+        t("np.asarray(Buffer) + setflags(write=False)", seta)
+        t("np.asarray(ndarray)", lambda: np.asarray(a1))
+        t("the user's NumPy: x1 * x2**2 (n=1)", lambda: a1 * a2**2)
+        t("out[...] = r (n=1)", lambda: ao.__setitem__(Ellipsis, r))
+        t("r.shape == s and r.dtype == aval.dtype",
+          lambda: r.shape == (1,) and r.dtype == aval.dtype)
+        t("isinstance(r, (int, float, complex, bool))",
+          lambda: isinstance(r, (int, float, complex, bool)))
+        t("treedef.unflatten of ((x1, x2), {})", lambda: flat.unflatten([a1, a2]))
+        t("a Python call with *args, returning a list", lambda: (lambda *a: [a])(a1, a2))
+        base = out.pop("empty")
+        for k in out:
+            out[k] = max(0.0, out[k] - base)
+
+    jax.jit(lambda a, b: buffer_callback(host, routes.sds(a))(a, b))(*x).block_until_ready()
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=10_000)
+    p.add_argument("--repeats", type=int, default=30)
+    a = p.parse_args(argv)
+    x = routes.mul_inputs((1,))
+    grad = routes._grad_sum
+    candidates = {"native jnp": routes.native_mul,
+                  "buffer_callback": routes.bc_mul,
+                  "JAXbind": getattr(routes, "jb_mul", None),
+                  "anybind": routes.ab_mul,
+                  "anybind out=True": getattr(routes, "ab_mul_inplace", None),
+                  "grad: native jnp": grad(routes.native_mul),
+                  "grad: custom_vjp+buffer_callback": grad(routes.bc_mul_vjp),
+                  "grad: JAXbind": grad(routes.jb_mul) if routes.jaxbind else None,
+                  "grad: anybind": grad(routes.ab_mul)}
+    candidates = {k: v for k, v in candidates.items() if v is not None}
+
+    # 1. End to end, plain compilations (no wrapper).
+    thunks = {k: run._thunk(jax.jit(f), x) for k, f in candidates.items()}
+    e2e = run.measure(thunks, a.repeats, 0.004)
+    print("1. µs per jitted call at n=1, min (median):")
+    for k, r in e2e.items():
+        print(f"   {k:34s} {r['min_us']:7.2f} ({r['median_us']:.2f})")
+
+    # 2. Python time inside each route's callback. JAXbind's C++ handler calls
+    #    the user's function without a Python host callback, so it has no row.
+    timed = {k: _compile(k, f, x) for k, f in candidates.items()
+             if "JAXbind" not in k and "native" not in k}
+    inside: dict[str, list[float]] = {k: [] for k in timed}
+    per_sample = 50
+    for r in range(a.calls // per_sample):
+        for k, g in timed.items():
+            ACC[k][:] = [0, 0]
+            for _ in range(per_sample):
+                jax.block_until_ready(g(*x))
+            n, ns = ACC[k]
+            inside[k].append(ns / n / 1e3)
+    print("\n2. Python time inside the host callback(s), µs per jitted call, min (median):")
+    for k, s in inside.items():
+        tot = e2e[k]["min_us"]
+        print(f"   {k:34s} {min(s):6.2f} ({statistics.median(s):.2f});  end-to-end min "
+              f"{tot:.2f} → outside ≈ {tot - min(s):.2f}")
+
+    # 3. cProfile of anybind's callbacks, forward and grad.
+    for label, f in (("forward", routes.ab_mul), ("grad", grad(routes.ab_mul))):
+        prof = cProfile.Profile()
+        g = _compile(f"anybind {label} (profiled)", f, x, profile=prof)
+        for _ in range(a.calls):
+            jax.block_until_ready(g(*x))
+        s = io.StringIO()
+        st = pstats.Stats(prof, stream=s)
+        print(f"\n3. cProfile of anybind's {label} host callback over {a.calls} calls "
+              f"({st.total_calls / a.calls:.0f} Python-level calls per host call, "
+              f"{st.total_tt / a.calls * 1e6:.2f} µs per host call under the profiler):")
+        st.sort_stats("tottime").print_stats(16)
+        lines = s.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if "ncalls" in line)
+        for line in lines[start:]:
+            if line.strip():
+                print("   " + line.replace(str(HERE.parent) + "/", ""))
+
+    # 4. Elementary steps.
+    print("\n4. ns per elementary step, inside a live callback:")
+    for k, v in step_costs().items():
+        print(f"   {k:44s} {v:7.0f}")
+
+
+if __name__ == "__main__":
+    main()
