@@ -195,34 +195,38 @@ def tree_ref(d):
     return d["a"] * jnp.sin(d["b"]), (d["a"] + d["b"]).sum(axis=-1)
 
 
+def tree_fn(d):
+    return d["a"] * np.sin(d["b"]), (d["a"] + d["b"]).sum(axis=-1)
+
+
+def tree_shape(d):
+    a = d["a"]
+    return (jax.ShapeDtypeStruct(a.shape, a.dtype), jax.ShapeDtypeStruct(a.shape[:-1], a.dtype))
+
+
+def tree_jvp(primals, tangents):
+    (d,), (t,) = primals, tangents
+    return (t["a"] * np.sin(d["b"]) + d["a"] * np.cos(d["b"]) * t["b"],
+            (t["a"] + t["b"]).sum(axis=-1))
+
+
+def tree_vjp(primals, ct):
+    (d,), (c0, c1) = primals, ct
+    c1 = np.expand_dims(c1, -1)
+    return ({"a": c0 * np.sin(d["b"]) + c1, "b": c0 * d["a"] * np.cos(d["b"]) + c1},)
+
+
 @functools.cache
 def tree(mode: str = "vectorized"):
     """{"a": x, "b": y} ↦ (x·sin y, Σ(x + y) over the last axis)."""
-    def fn(d):
-        return d["a"] * np.sin(d["b"]), (d["a"] + d["b"]).sum(axis=-1)
-
-    def shape(d):
-        a = d["a"]
-        return (jax.ShapeDtypeStruct(a.shape, a.dtype),
-                jax.ShapeDtypeStruct(a.shape[:-1], a.dtype))
-
-    def jvp(primals, tangents):
-        (d,), (t,) = primals, tangents
-        return (t["a"] * np.sin(d["b"]) + d["a"] * np.cos(d["b"]) * t["b"],
-                (t["a"] + t["b"]).sum(axis=-1))
-
-    def vjp(primals, ct):
-        (d,), (c0, c1) = primals, ct
-        c1 = np.expand_dims(c1, -1)
-        return ({"a": c0 * np.sin(d["b"]) + c1, "b": c0 * d["a"] * np.cos(d["b"]) + c1},)
-
-    op = ab.bind(fn, shape=shape, jvp=jvp, vjp=vjp, vmap=_mode(mode), name=f"tree_{mode}")
+    op = ab.bind(tree_fn, shape=tree_shape, jvp=tree_jvp, vjp=tree_vjp, vmap=_mode(mode),
+                 name=f"tree_{mode}")
     if mode == "rule":
         @op.def_vmap
         def _(axis_size, in_batched, d):
             d = {k: v if in_batched[0][k] else v[None] for k, v in d.items()}
             return jax.tree.map(lambda o: np.broadcast_to(o, (axis_size,) + o.shape[1:]),
-                                fn(d)), True
+                                tree_fn(d)), True
     return op
 
 
