@@ -28,6 +28,7 @@ __all__ = ["SUBMODULES", "require"]
 def require(library: str, user: str) -> ModuleType:
     """Import the optional ``library`` for the contrib module ``user``, or explain.
 
+    >>> from anybind.contrib import require
     >>> require("numpy", "anybind.contrib.example").__name__
     'numpy'
     """

@@ -34,6 +34,7 @@ __all__ = ["healpix_synthesis", "healpix_adjoint_synthesis", "nalm", "n_real_alm
 def nalm(lmax: int, mmax: int | None = None) -> int:
     """Number of complex a_lm with m ≥ 0 for ``lmax`` and ``mmax`` (default lmax).
 
+    >>> from anybind.contrib.ducc0 import nalm
     >>> nalm(2)
     6
     """
@@ -44,6 +45,7 @@ def nalm(lmax: int, mmax: int | None = None) -> int:
 def n_real_alm(lmax: int, mmax: int | None = None) -> int:
     """Length of the packed real a_lm vector: 2·nalm − (lmax + 1).
 
+    >>> from anybind.contrib.ducc0 import n_real_alm
     >>> n_real_alm(2)
     9
     """
@@ -53,6 +55,8 @@ def n_real_alm(lmax: int, mmax: int | None = None) -> int:
 def alm2realalm(alm: np.ndarray, lmax: int) -> np.ndarray:
     """Pack complex a_lm (last axis) into real ones: Re a_l0, then √2·(Re, Im) for m > 0.
 
+    >>> import numpy as np
+    >>> from anybind.contrib.ducc0 import alm2realalm
     >>> alm2realalm(np.array([1.0, 2.0, 3.0 + 4.0j]), 1).round(3).tolist()
     [1.0, 2.0, 4.243, 5.657]
     """
@@ -69,6 +73,8 @@ def alm2realalm(alm: np.ndarray, lmax: int) -> np.ndarray:
 def realalm2alm(ralm: np.ndarray, lmax: int) -> np.ndarray:
     """Unpack real a_lm (last axis) into complex ones; inverse of ``alm2realalm``.
 
+    >>> import numpy as np
+    >>> from anybind.contrib.ducc0 import alm2realalm, realalm2alm
     >>> realalm2alm(alm2realalm(np.array([1.0, 2.0, 3.0 + 4.0j]), 1), 1).tolist()
     [(1+0j), (2+0j), (3+4j)]
     """
