@@ -178,9 +178,11 @@ def sort(mode: str = "vectorized"):
     def vjp(primals, ct):
         (x,), (ct_sorted, ct_ind) = primals, ct
         assert ct_ind is None  # integer outputs' cotangents arrive as None
-        ind = np.argsort(x, axis=-1, kind="stable")
-        out = np.zeros_like(ct_sorted)
-        np.put_along_axis(out, ind, ct_sorted, axis=-1)
+        # vectorized calls: x or ct may carry a size-1 batch axis where the other is batched
+        shape = np.broadcast_shapes(x.shape, ct_sorted.shape)
+        ind = np.broadcast_to(np.argsort(x, axis=-1, kind="stable"), shape)
+        out = np.zeros(shape, ct_sorted.dtype)
+        np.put_along_axis(out, ind, np.broadcast_to(ct_sorted, shape), axis=-1)
         return (out,)
 
     op = ab.bind(fn, shape=shape, jvp=jvp, vjp=vjp, vmap=_mode(mode), name=f"sort_{mode}")
@@ -320,4 +322,44 @@ CASES = {c.name: c for c in [
     Case("tree", tree, tree_ref, lambda: ({"a": _rn((2, 3), seed=8), "b": _rn((2, 3), seed=9)},)),
     Case("scale", scale, scale_ref, lambda: (_rn((2, 3), seed=10),),
          lambda: {"w": _rn((2, 3), seed=11), "power": 3, "axis": -1}),
+]}
+
+
+# ---------------------------------------------------------- two-argument linear
+
+def axpy_ref(x, y):
+    return 2 * x + jnp.roll(y, 1, axis=-1)
+
+
+@functools.cache
+def axpy(mode: str = "vectorized", traced: bool = False, with_transpose: bool = True):
+    """(x, y) ↦ 2x + roll(y, 1): linear in both arguments jointly.
+
+    Host with a host transpose ȳ ↦ (2ȳ, roll(ȳ, -1)); or traced, with a traced
+    transpose or (with_transpose=False) none, so that JAX transposes the function.
+    """
+    xp = jnp if traced else np
+    op = ab.bind(lambda x, y: 2 * x + xp.roll(y, 1, axis=-1), shape=ab.like(0), linear=True,
+                 traced=traced, vmap=_mode(mode),
+                 name=f"axpy_{mode}_{'traced' if traced else 'host'}_{with_transpose}")
+    if with_transpose:
+        op.def_transpose(lambda ct: (2 * ct, xp.roll(ct, -1, axis=-1)), traced=traced)
+    if mode == "rule":
+        def rule(axis_size, in_batched, x, y):
+            x = x if in_batched[0] else x[None]
+            y = y if in_batched[1] else y[None]
+            out = 2 * x + xp.roll(y, 1, axis=-1)
+            return xp.broadcast_to(out, (axis_size,) + out.shape[1:]), True
+        op.def_vmap(rule, traced=traced)
+    return op
+
+
+LINEAR_CASES = {c.name: c for c in [
+    CASES["matvec"],
+    CASES["fft"],
+    Case("axpy_host", axpy, axpy_ref, lambda: (_rn(4, seed=12), _rn(4, seed=13))),
+    Case("axpy_traced", lambda m: axpy(m, traced=True), axpy_ref,
+         lambda: (_rn(4, seed=12), _rn(4, seed=13))),
+    Case("axpy_traced_no_transpose", lambda m: axpy(m, traced=True, with_transpose=False),
+         axpy_ref, lambda: (_rn(4, seed=12), _rn(4, seed=13))),
 ]}
