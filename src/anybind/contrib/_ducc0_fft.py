@@ -98,9 +98,13 @@ def _c2c_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn), name="ducc0_c2c",
-              examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)) + 1j,),
-                                {"axes": (0, 1), "inorm": 1}))
+def _example_c2c():
+    r = np.random.default_rng(0)
+    return (r.normal(size=(4, 6)) + 1j * r.normal(size=(4, 6)),), {"axes": (0, 1), "inorm": 1}
+
+
+c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn),
+              name="ducc0_c2c", examples=_example_c2c)
 
 
 @c2c.def_transpose(traced=True)
@@ -233,8 +237,8 @@ def _hartley_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-hartley = ab.bind(_hartley_fn, shape=_hartley_spec, linear=True, vmap=_vmap_fft("hartley", _hartley_fn),
-                  name="ducc0_hartley",
+hartley = ab.bind(_hartley_fn, shape=_hartley_spec, linear=True,
+                  vmap=_vmap_fft("hartley", _hartley_fn), name="ducc0_hartley",
                   examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)),),
                                     {"axes": (0, 1)}))
 

@@ -121,7 +121,7 @@ def _u2nu_fn(grid, coord, **kw):
 
 
 def _vmap_points(fn):
-    """vmap rule: shared points → one call with the batch as a leading values axis; else a loop."""
+    """vmap rule: shared points → one call, the batch a leading values axis; else a loop."""
     def rule(size, in_batched, data, coord, **kw):
         if not in_batched[1]:
             if not in_batched[0]:
