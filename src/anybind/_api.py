@@ -40,6 +40,10 @@ class Op:
         self.traced = bool(traced)
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
+        self._calls: dict = {}
+        self._lock = threading.Lock()
+        self._version = 0
+        self.last_host_error: Exception | None = None
         self.inplace = bool(out)
         if self.inplace and self.traced:
             raise TypeError(f"anybind op '{self.name}': out=True is for host functions that "
@@ -65,9 +69,7 @@ class Op:
             self.def_vjp(vjp, traced=traced)
         if transpose is not None:
             self.def_transpose(transpose, traced=traced)
-        self._calls: dict = {}
         self._family = Family(self)
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         rules = [k for k in ("jvp", "vjp", "transpose", "vmap")
@@ -85,6 +87,9 @@ class Op:
                                 f"got {type(r).__name__}")
             setattr(self, f"{kind}_rule",
                     Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes)))
+            with self._lock:  # calls made from now on use the new rule, eagerly and under jit
+                self._version += 1
+                self._calls.clear()
             return r
         return register if rule is None else register(rule)
 
@@ -140,7 +145,6 @@ class Op:
         with ``def_bwd``. Usable as a decorator.
         """
         self.residuals = residuals
-        self._calls.clear()
         return self._set("fwd", rule, False)
 
     def def_bwd(self, rule: Callable | None = None):
@@ -150,7 +154,6 @@ class Op:
         the residuals saved by the fwd rule. It replaces the vjp rule in reverse
         mode; forward mode still uses the jvp rule. Usable as a decorator.
         """
-        self._calls.clear()
         return self._set("bwd", rule, False)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
@@ -171,15 +174,25 @@ class Op:
         ks, kw_tree = tree_util.tree_flatten(operands)
         xs = [_as_operand(self, x, f"positional input leaf {i}") for i, x in enumerate(xs)]
         ks = [_as_operand(self, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
-        key = (args_tree, kw_tree, static,
-               tuple(to_aval(x) for x in xs), tuple(to_aval(k) for k in ks))
+        key = (args_tree, kw_tree, static, tuple(to_aval(x) for x in xs),
+               tuple(to_aval(k) for k in ks), tuple(type(v) for _, v in static))
         call = self._calls.get(key)
         if call is None:
             call = self._make_call(*key)
-        outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
+        if any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
+            outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
+        else:  # eager: a failing host call surfaces as the HostError it raised
+            self.last_host_error = None
+            try:
+                outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
+            except Exception:
+                err, self.last_host_error = self.last_host_error, None
+                if err is None:
+                    raise
+                raise err from None
         return tree_util.tree_unflatten(call.out_tree, outs)
 
-    def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals) -> Call:
+    def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals, static_types) -> Call:
         out_tree, out_avals, paths = infer_outputs(
             self, args_tree, kw_tree, static, in_avals, kw_avals)
         kw_paths = tuple(tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(
@@ -194,9 +207,9 @@ class Op:
                 self, args_tree, kw_tree, static, in_avals, kw_avals, self.residuals,
                 "residual spec")
         call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
-                    out_avals, paths, kw_paths, res_tree, res_avals)
+                    out_avals, paths, kw_paths, res_tree, res_avals, static_types, self._version)
         with self._lock:
-            self._calls[(args_tree, kw_tree, static, in_avals, kw_avals)] = call
+            self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
         return call
 
 

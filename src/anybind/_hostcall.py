@@ -145,15 +145,18 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
     n_in = len(args)
     op_name = call.op.name
 
+    op = call.op
+
     def callback(exec_ctx, *buffers):
         del exec_ctx
         try:
             runner(_in_views(buffers[:n_in]), [np.asarray(b) for b in buffers[n_in:]])
-        except HostError:
-            raise
         except Exception as e:
-            raise HostError(f"anybind op '{op_name}': the {role_name} raised "
-                            f"{type(e).__name__}: {e}") from e
+            if not isinstance(e, HostError):
+                e = HostError(f"anybind op '{op_name}': the {role_name} raised "
+                              f"{type(e).__name__}: {e}").with_traceback(e.__traceback__)
+            op.last_host_error = e  # an eager call re-raises it as itself (see Op.__call__)
+            raise e
         return ()
 
     ctx.module_context.add_host_callback(callback)

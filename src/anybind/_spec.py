@@ -82,6 +82,8 @@ class Call:
     kw_paths: tuple = dataclasses.field(compare=False, hash=False)
     res_tree: Any = None  # residuals saved by a fwd rule for its bwd rule
     res_avals: tuple = ()
+    static_types: tuple = ()  # so that 1, 1.0 and True are different static values
+    version: int = 0  # the op's rules version: redefining a rule makes new calls
 
     @property
     def n_in(self) -> int:
@@ -103,7 +105,7 @@ class Call:
     def _hash(self) -> int:
         return hash((self.op, self.args_tree, self.kw_tree, self.static, self.in_avals,
                      self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
-                     self.res_avals))
+                     self.res_avals, self.static_types, self.version))
 
     def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
         return self._hash
