@@ -219,7 +219,17 @@ def machine() -> dict[str, Any]:
             "anybind": getattr(anybind, "__version__", "?"),
             "jaxbind": getattr(routes.jaxbind, "__version__", None) if routes.jaxbind else None,
             "jax_backend": jax.default_backend(),
-            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+            "cpu_async_dispatch": jax.config.values["jax_cpu_enable_async_dispatch"]}
+    try:
+        git = ["git", "-C", str(HERE.parent)]
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(git + ["status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        info["anybind_commit"] = head + (" + uncommitted changes in src/" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
     try:
         import psutil
         info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
@@ -305,8 +315,8 @@ def memory_table(res: dict[str, dict], n: int) -> str:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="few repeats, small memory test")
-    p.add_argument("--repeats", type=int, help="samples per route (default 60, quick 8)")
-    p.add_argument("--sample-ms", type=float, help="length of one sample (default 4, quick 2)")
+    p.add_argument("--repeats", type=int, help="samples per route (default 150, quick 20)")
+    p.add_argument("--sample-ms", type=float, help="length of one sample in ms (default 1)")
     p.add_argument("--mem-n", type=int, help=f"memory test size (default {MEM_N:,})")
     p.add_argument("--only", help="comma-separated groups: calls,grads,grad1,vmap,jacrev,solve,memory")
     p.add_argument("--out", default=str(HERE / "results.json"))
@@ -314,14 +324,21 @@ def main(argv: list[str] | None = None) -> dict:
                    help="write the tables into benchmarks/README.md")
     p.add_argument("--memory-child", nargs=3, metavar=("KIND", "ROUTE", "N"),
                    help=argparse.SUPPRESS)
+    p.add_argument("--async-dispatch", action="store_true",
+                   help="keep JAX's asynchronous CPU dispatch (off by default, see README)")
     a = p.parse_args(argv)
+    # Every call here waits for its result, so asynchronous dispatch can only add a
+    # hand-off to XLA's worker thread, which native programs pay and programs with
+    # host callbacks (run synchronously) do not; on a loaded machine that hand-off
+    # alone cost native jnp 40-70 µs per call at n = 1000.
+    jax.config.update("jax_cpu_enable_async_dispatch", a.async_dispatch)
     if a.memory_child:
         kind, attr, n = a.memory_child
         print(json.dumps(memory_child(kind, attr, int(n))))
         return {}
 
-    repeats = a.repeats or (8 if a.quick else 60)
-    sample_s = (a.sample_ms or (2.0 if a.quick else 4.0)) / 1e3
+    repeats = a.repeats or (20 if a.quick else 150)
+    sample_s = (a.sample_ms or 1.0) / 1e3
     mem_n = a.mem_n or (5_000_000 if a.quick else MEM_N)
     groups = set(a.only.split(",")) if a.only else {"calls", "grads", "grad1", "vmap",
                                                      "jacrev", "solve", "memory"}
@@ -421,8 +438,9 @@ def _machine_md(info: dict, repeats: int, sample_s: float) -> str:
             f"{', %s GiB' % info['memory_gib'] if 'memory_gib' in info else ''}; "
             f"Python {info['python']}, jax {info['jax']}, jaxlib {info['jaxlib']}, "
             f"NumPy {info['numpy']}, SciPy {info['scipy']}, JAXbind {info['jaxbind']}, "
-            f"anybind {info['anybind']}; backend {info['jax_backend']}. "
-            f"{repeats} samples of ≈{sample_s * 1e3:g} ms per route, round-robin; "
+            f"anybind {info['anybind']} (commit {info.get('anybind_commit', '?')}); backend {info['jax_backend']}. "
+            f"{repeats} samples of ≈{sample_s * 1e3:g} ms per route, round-robin; BLAS threads "
+            f"{info.get('blas_threads')}, CPU async dispatch {info.get('cpu_async_dispatch')}; "
             f"load average at start {tuple(round(x, 1) for x in info.get('load_avg', ()))}.")
 
 
