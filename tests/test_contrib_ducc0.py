@@ -329,6 +329,20 @@ def test_wgridder_transposes_and_vmap():
                  jnp.stack([2 * adj(fwd(i)) for i in imgs]), rtol=1e-9, atol=1e-9)
 
 
+def test_single_precision_images_and_points():
+    obs = dict(_observation(), epsilon=None)
+    img = randn((32, 32))
+    vis32 = dj.dirty2vis(img.astype(np.float32), **obs)     # coordinates stay float64
+    assert vis32.dtype == np.complex64
+    assert_close(vis32, dj.dirty2vis(img, **obs), rtol=1e-3, atol=1e-3 * np.abs(vis32).max())
+    x = np.random.default_rng(11).uniform(-3, 3, size=(5, 1))
+    c = randn((5,), np.complex64)
+    g = jax.grad(lambda x: jnp.sum(jnp.abs(dj.nu2u(c, x, n_modes=(4,))) ** 2))
+    assert g(x.astype(np.float32)).dtype == np.float32
+    ref = jax.grad(lambda x: jnp.sum(jnp.abs(_nu2u_ref(c.astype(complex), x, (4,))) ** 2))(x)
+    assert_close(g(x.astype(np.float32)), ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+
 # ---------------------------------------------------------------- optional extra
 
 def test_missing_ducc0_names_the_extra(monkeypatch):

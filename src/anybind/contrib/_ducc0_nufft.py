@@ -97,9 +97,8 @@ def _check(name: str, data, coord, ndim_grid: int | None):
 # ------------------------------------------------------------------ host calls
 
 def _options(dtype, kw: dict) -> dict:
-    return dict(forward=kw.get("forward", True), epsilon=_eps(dtype, kw.get("epsilon")),
-                nthreads=kw.get("nthreads", 1), periodicity=kw.get("periodicity", TWO_PI),
-                fft_order=kw.get("fft_order", False))
+    """ducc0's keywords: ours with their defaults, any other ducc0 option passed through."""
+    return dict(kw, forward=kw.get("forward", True), epsilon=_eps(dtype, kw.get("epsilon")))
 
 
 def _nu2u_fn(values, coord, *, n_modes: tuple, **kw):

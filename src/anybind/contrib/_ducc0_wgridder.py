@@ -28,11 +28,16 @@ __all__ = ["dirty2vis", "vis2dirty"]
 _REQUIRED = ("uvw", "freq", "pixsize_x", "pixsize_y")
 
 
-def _options(name: str, dtype, kw: dict) -> dict:
+def _require_keywords(name: str, kw: dict) -> None:
     missing = [k for k in _REQUIRED if k not in kw]
     if missing:
         raise TypeError(f"anybind op '{name}': missing keyword argument(s) {missing}")
-    kw = dict(kw)
+
+
+def _options(name: str, dtype, kw: dict) -> dict:
+    """ducc0's keywords: float64 coordinates whatever the image's precision, default epsilon."""
+    _require_keywords(name, kw)
+    kw = dict(kw, uvw=np.asarray(kw["uvw"], np.float64), freq=np.asarray(kw["freq"], np.float64))
     if kw.get("epsilon") is None:
         kw["epsilon"] = 2e-5 if np.dtype(dtype) == np.float32 else 1e-10
     return kw
@@ -52,7 +57,7 @@ def _vis2dirty_fn(vis, *, npix_x: int, npix_y: int, **kw):
 
 
 def _check_uvw(name: str, kw: dict):
-    _options(name, np.float64, kw)
+    _require_keywords(name, kw)
     uvw, freq = kw["uvw"], kw["freq"]
     if len(uvw.shape) != 2 or uvw.shape[1] != 3 or len(freq.shape) != 1:
         raise ValueError(f"anybind op '{name}': uvw must have shape (nrow, 3) and freq "
