@@ -154,14 +154,22 @@ def _example_map():
             {"nside": 2, "lmax": 4, "mmax": 3, "spin": 2})
 
 
+def _synthesis_transpose(ct, **kw):
+    """transpose of synthesis Y: ȳ ↦ Yᵀ·ȳ = pack(adjoint_synthesis(ȳ)) (real packing)."""
+    return (_adjoint_synthesis(ct, **kw),)
+
+
+def _adjoint_transpose(ct, **kw):
+    """transpose of the adjoint Yᵀ: ā ↦ Y·ā = synthesis(unpack(ā))."""
+    return (_synthesis(ct, **kw),)
+
+
 healpix_synthesis = ab.bind(
     _synthesis, shape=_synthesis_spec, linear=True, vmap="vectorized",
-    name="ducc0_healpix_synthesis", examples=_example_alm,
-    transpose=lambda ct, **kw: (_adjoint_synthesis(ct, **kw),))
+    name="ducc0_healpix_synthesis", examples=_example_alm, transpose=_synthesis_transpose)
 healpix_adjoint_synthesis = ab.bind(
     _adjoint_synthesis, shape=_adjoint_spec, linear=True, vmap="vectorized",
-    name="ducc0_healpix_adjoint_synthesis", examples=_example_map,
-    transpose=lambda ct, **kw: (_synthesis(ct, **kw),))
+    name="ducc0_healpix_adjoint_synthesis", examples=_example_map, transpose=_adjoint_transpose)
 
 healpix_synthesis.__doc__ = """Spherical harmonic synthesis on a HEALPix grid (RING order), linear.
 
