@@ -47,6 +47,18 @@ def _no_derivatives(ctx, name: str) -> bool:
     return False
 
 
+def _no_second_order(ctx, name: str) -> bool:
+    """Linear ops have no second-order terms; host rules give first derivatives only."""
+    op = ctx.op
+    if op.linear or _no_derivatives(ctx, name):
+        return True
+    rules = [r for r in (op.jvp_rule, op.vjp_rule, getattr(op, "bwd_rule", None)) if r]
+    if not op.traced and not any(r.traced for r in rules):
+        ctx.skip(name, "host rules give first derivatives only; traced rules give all orders")
+        return True
+    return False
+
+
 # ------------------------------------------------------------------- values
 
 def spec(ctx) -> None:
@@ -86,15 +98,23 @@ def spec(ctx) -> None:
 
 
 def _call_host(ctx, declared):
+    """The host function on NumPy copies of the inputs; an in-place one (``out=True``)
+    is run twice on outputs prefilled with 0 and with 1, and must overwrite both."""
     to_np = lambda t: tree_util.tree_map(np.asarray, t)
     args, kw = to_np(ctx.args), {**to_np(ctx.operands), **ctx.static}
     if not getattr(ctx.op, "inplace", False):
         return ctx.op.fn(*args, **kw)
-    out = tree_util.tree_map(
-        lambda a: np.full(a.shape, np.nan if jnp.issubdtype(a.dtype, jnp.inexact) else -1,
-                          a.dtype), declared)
-    ctx.op.fn(*args, out=out, **kw)
-    return out
+    outs = []
+    for fill in (0, 1):
+        out = tree_util.tree_map(lambda a: np.full(a.shape, fill, a.dtype), declared)
+        ctx.op.fn(*args, out=out, **kw)
+        outs.append(out)
+    for name, a, b in zip(ctx.out_names, *map(tree_util.tree_leaves, outs)):
+        unwritten = (a == 0) & (b == 1)
+        if np.any(unwritten):
+            ctx.fail("spec", name, f"the function (out=True) left {int(np.sum(unwritten))} of "
+                     f"{a.size} output elements unwritten; it must write every element")
+    return outs[0]
 
 
 def eager(ctx) -> None:
@@ -150,9 +170,8 @@ def jvp(ctx) -> None:
         ctx.current = ("jvp", label)
         f, xs, ts = ctx.f_of(idx), [ctx.xs[i] for i in idx], _tangents(ctx, idx, imag)
         _, jt = jax.jvp(f, xs, ts)
-        fd, floor = ctx.fd(f, xs, ts)
         ctx.jvp_cache[label] = (ts, jt)
-        ctx.compare("jvp", label, jt, fd, _float_names(ctx), fd=True, floor=floor, hint=hint)
+        ctx.compare_fd("jvp", label, jt, f, xs, ts, _float_names(ctx), hint=hint)
 
 
 def vjp(ctx) -> None:
@@ -163,26 +182,42 @@ def vjp(ctx) -> None:
     xs = [ctx.xs[i] for i in ctx.fx]
     ybar = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
     cts = jax.vjp(ctx.f_of(ctx.fx), *xs)[1](ybar)
-    rule = ("the transpose rule (linear=True)" if ctx.op.linear and ctx.op.vjp_rule is None
-            else "the vjp rule")
+    op = ctx.op
+    rule = ("the fwd/bwd rules" if getattr(op, "bwd_rule", None) is not None
+            else "the transpose rule (linear=True)" if op.linear and op.vjp_rule is None
+            else "the vjp rule" if op.vjp_rule is not None
+            else "the vjp derived from the traced jvp rule" if op.jvp_rule is not None
+            else "JAX's vjp of the traced function")
     for label, idx, imag in ctx.groups():
         ctx.current = ("vjp", label)
+        c = [cts[ctx.fx.index(i)] for i in idx]
         if label in ctx.jvp_cache:
             ts, jt = ctx.jvp_cache[label]
-            floor, fd = 0.0, False
+            verdicts, source = [ctx.assess_scalars(*_identity(ybar, jt, c, ts))], "the jvp"
         else:
             ts = _tangents(ctx, idx, imag)
-            jt, floor = ctx.fd(ctx.f_of(idx), [ctx.xs[i] for i in idx], ts)
-            floor, fd = floor * sum(float(np.sum(np.abs(y))) for y in ybar), True
-        c = [cts[ctx.fx.index(i)] for i in idx]
-        lhs = sum(pair(y, t) for y, t in zip(ybar, jt))
-        rhs = sum(pair(a, t) for a, t in zip(c, ts))
-        scale = sum(abs_pair(y, t) for y, t in zip(ybar, jt)) + \
-            sum(abs_pair(a, t) for a, t in zip(c, ts))
-        source = "finite differences" if fd else "the jvp (checked above)"
-        ctx.compare_scalars("vjp", label, lhs, rhs, scale, fd=fd, floor=floor,
-                            hint=f"⟨ȳ, J·ẋ⟩ from {source} differs from ⟨Jᵀ·ȳ, ẋ⟩ from "
-                                 f"{rule}, which is wrong for this argument.")
+            verdicts, source = _fd_identity(ctx, idx, ts, ybar, c), "finite differences"
+        ctx.record("vjp", label, verdicts,
+                   hint=f"⟨ȳ, J·ẋ⟩ from {source} differs from ⟨Jᵀ·ȳ, ẋ⟩ from {rule}, which "
+                        f"is wrong for this argument.")
+
+
+def _identity(ybar, jt, cts, ts) -> tuple:
+    """(⟨ȳ, J·ẋ⟩, ⟨Jᵀ·ȳ, ẋ⟩, Σ|terms|)."""
+    lhs = sum(pair(y, t) for y, t in zip(ybar, jt))
+    rhs = sum(pair(c, t) for c, t in zip(cts, ts))
+    bound = sum(abs_pair(y, t) for y, t in zip(ybar, jt)) + \
+        sum(abs_pair(c, t) for c, t in zip(cts, ts))
+    return lhs, rhs, bound
+
+
+def _fd_identity(ctx, idx, ts, ybar, cts):
+    """Verdicts of the transpose identity with J·ẋ from differences, one per step."""
+    f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
+    ynorm = sum(float(np.sum(np.abs(y))) for y in ybar)
+    for h in ctx.fd_steps():
+        jt, floor = ctx.fd(f, xs, ts, h)
+        yield ctx.assess_scalars(*_identity(ybar, jt, cts, ts), fd=True, floor=floor * ynorm)
 
 
 def linearity(ctx) -> None:
@@ -213,15 +248,10 @@ def transpose(ctx) -> None:
         full = [jnp.zeros_like(x) for x in xs]
         for i, t in zip(idx, ts):
             full[ctx.fx.index(i)] = t
-        at = f(*full)
         c = [cts[ctx.fx.index(i)] for i in idx]
-        lhs = sum(pair(y, t) for y, t in zip(ybar, at))
-        rhs = sum(pair(u, t) for u, t in zip(c, ts))
-        scale = sum(abs_pair(y, t) for y, t in zip(ybar, at)) + \
-            sum(abs_pair(u, t) for u, t in zip(c, ts))
-        ctx.compare_scalars("transpose", label, lhs, rhs, scale,
-                            hint="⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from "
-                                 "the transpose rule.")
+        ctx.record("transpose", label, [ctx.assess_scalars(*_identity(ybar, f(*full), c, ts))],
+                   hint="⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from the "
+                        "transpose rule.")
 
 
 # -------------------------------------------------------------------- vmap
@@ -297,22 +327,21 @@ def vmap_derivatives(ctx) -> None:
 
 def second_order(ctx) -> None:
     """The jvp of the jvp vs central differences of the jvp."""
-    if _no_derivatives(ctx, "2nd-order jvp") or ctx.op.linear:
+    if _no_second_order(ctx, "2nd-order jvp"):
         return
     ctx.current = ("2nd-order jvp", "all arguments")
     f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
     t1, t2 = _tangents(ctx, ctx.fx), _tangents(ctx, ctx.fx)
     q = lambda *x: jax.jvp(f, list(x), t1)[1]
     _, got = jax.jvp(q, xs, t2)
-    fd, floor = ctx.fd(q, xs, t2)
-    ctx.compare("2nd-order jvp", "all arguments", got, fd, _float_names(ctx), fd=True,
-                floor=floor, hint="The derivative of the jvp disagrees with finite "
-                "differences of the jvp: check the traced rules (and the ops they call).")
+    ctx.compare_fd("2nd-order jvp", "all arguments", got, q, xs, t2, _float_names(ctx),
+                   hint="The derivative of the jvp disagrees with finite differences of the "
+                        "jvp: check the traced rules (and the ops they call).")
 
 
 def hessian(ctx) -> None:
     """⟨ẋ₂, H·ẋ₁⟩ = ⟨ẋ₁, H·ẋ₂⟩ (forward over reverse) = ∂²s[ẋ₁, ẋ₂] (forward over forward)."""
-    if _no_derivatives(ctx, "hessian symmetry") or ctx.op.linear:
+    if _no_second_order(ctx, "hessian symmetry"):
         return
     ctx.current = ("hessian symmetry", "all arguments")
     f, xs, n = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx], len(ctx.fx)
@@ -322,17 +351,17 @@ def hessian(ctx) -> None:
     grad = jax.grad(s, argnums=tuple(range(n)))
     hv1 = jax.jvp(grad, xs, t1)[1]
     hv2 = jax.jvp(grad, xs, t2)[1]
-    h12 = sum(pair(a, b) for a, b in zip(t2, hv1))
-    h21 = sum(pair(a, b) for a, b in zip(t1, hv2))
-    scale = sum(abs_pair(a, b) for a, b in zip(t2, hv1)) + \
-        sum(abs_pair(a, b) for a, b in zip(t1, hv2))
-    ctx.compare_scalars("hessian symmetry", "forward over reverse", h12, h21, scale,
-                        hint="The Hessian of ⟨ȳ, f(x)⟩ from the rules is not symmetric.")
+    h12, h21, bound = _identity(t2, hv1, t1, hv2)
+    # two levels of differentiation round more than one: the finite-difference tolerance
+    ctx.record("hessian symmetry", "forward over reverse",
+               [ctx.assess_scalars(h12, h21, bound, fd=True)],
+               hint="The Hessian of ⟨ȳ, f(x)⟩ from the rules is not symmetric.")
     ctx.current = ("hessian symmetry", "forward over forward")
     hff = float(jax.jvp(lambda *x: jax.jvp(s, list(x), t1)[1], xs, t2)[1])
-    ctx.compare_scalars("hessian symmetry", "forward over forward", hff, h12, scale,
-                        hint="Forward-over-forward and forward-over-reverse second "
-                             "derivatives disagree: the jvp and vjp rules' derivatives differ.")
+    ctx.record("hessian symmetry", "forward over forward",
+               [ctx.assess_scalars(hff, h12, bound, fd=True)],
+               hint="Forward-over-forward and forward-over-reverse second derivatives "
+                    "disagree: the jvp and vjp rules' derivatives differ.")
 
 
 CHECKS: list = [("spec", spec), ("eager", eager), ("jvp", jvp), ("linearity", linearity),
