@@ -59,43 +59,52 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
         row = "" if b is None else f" at batch index {b}"
         return f"the {role_name}'s {out_names[j]}{row}"
 
+    expected = [(a.shape, np.dtype(a.dtype)) for a in out_avals]
+
+    def store(o, r, j, shape, b=None, allow_lead_one=False):
+        """Write one result, after checking it (cheaply when it is already right)."""
+        if not (type(r) is np.ndarray and r.shape == shape and r.dtype == expected[j][1]):
+            r = _as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
+        o[...] = r
+
     if batch is None:
         run = make_run(())
-        expected = [(a.shape, np.dtype(a.dtype)) for a in out_avals]
-        if len(expected) == 1:
-            e, aval = expected[0], out_avals[0]
+        if len(expected) == 1:  # the hot path, inlined
+            e = expected[0]
 
             def runner(ins, outs):
                 (r,) = run(*ins)
                 if not (type(r) is np.ndarray and (r.shape, r.dtype) == e):
-                    r = _as_result(call, what(0), r, aval, e[0], False)
+                    r = _as_result(call, what(0), r, out_avals[0], e[0], False)
                 outs[0][...] = r
             return runner
 
         def runner(ins, outs):
             for j, (r, o, e) in enumerate(zip(run(*ins), outs, expected)):
-                if not (type(r) is np.ndarray and (r.shape, r.dtype) == e):
-                    r = _as_result(call, what(j), r, out_avals[j], e[0], False)
-                o[...] = r
+                store(o, r, j, e[0])
         return runner
 
     size, mask = batch.size, batch.mask
     if mode == "vectorized":
         run = make_run((1,))
+        shapes = [(size,) + e[0] for e in expected]
 
         def runner(ins, outs):
-            for j, (r, o, a) in enumerate(zip(run(*ins), outs, out_avals)):
-                o[...] = _as_result(call, what(j), r, a, (size,) + a.shape, True)
+            for j, (r, o) in enumerate(zip(run(*ins), outs)):
+                store(o, r, j, shapes[j], allow_lead_one=True)
         return runner
 
     if mode == "sequential":
         run = make_run(())
+        batched = [i for i, m in enumerate(mask) if m]
 
         def runner(ins, outs):
+            row = [x[0] for x in ins]  # unbatched inputs keep their one row
             for b in range(size):
-                row = [x[b] if m else x[0] for x, m in zip(ins, mask)]
-                for j, (r, o, a) in enumerate(zip(run(*row), outs, out_avals)):
-                    o[b] = _as_result(call, what(j, b), r, a, a.shape, False)
+                for i in batched:
+                    row[i] = ins[i][b]
+                for j, (r, o, e) in enumerate(zip(run(*row), outs, expected)):
+                    store(o[b], r, j, e[0], b)
         return runner
 
     # A user vmap rule for the primal function.

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from jax import tree_util
 
 from ._spec import Call, is_float
@@ -38,11 +40,33 @@ ROLE_NAMES = {"primal": "function", "fwd": "fwd rule", "jvp": "jvp rule", "vjp":
 
 
 def _zeros(xp, lead, aval):
+    if xp is np:  # made once per compiled call and shared, so read-only
+        z = np.zeros(lead + aval.shape, aval.dtype)
+        z.setflags(write=False)
+        return z
     return xp.zeros(lead + aval.shape, aval.dtype)
 
 
-def _fill(mask, present, avals, xp, lead, floats, symbolic: bool):
-    """Spread ``present`` over positions where ``mask``; zeros or None elsewhere."""
+def _filler(mask, avals, floats, xp, lead, symbolic: bool) -> Callable[[Sequence], list]:
+    """``fill(present)``: ``present`` spread over positions where ``mask``; zeros or None
+    (integer leaves, or symbolic zeros) elsewhere."""
+    if all(mask):
+        return list
+    slots = [i for i, m in enumerate(mask) if m]
+    if xp is not np:  # traced: make the zeros inside the trace
+        return lambda present: _fill_traced(mask, present, avals, floats, xp, lead, symbolic)
+    base = [None if m or not f or symbolic else _zeros(xp, lead, a)
+            for m, a, f in zip(mask, avals, floats)]
+
+    def fill(present):
+        out = list(base)
+        for i, p in zip(slots, present):
+            out[i] = p
+        return out
+    return fill
+
+
+def _fill_traced(mask, present, avals, floats, xp, lead, symbolic):
     it = iter(present)
     return [next(it) if m else (_zeros(xp, lead, a) if f and not symbolic else None)
             for m, a, f in zip(mask, avals, floats)]
@@ -51,8 +75,7 @@ def _fill(mask, present, avals, xp, lead, floats, symbolic: bool):
 def _needs(call: Call, need) -> tuple:
     """Which positional arguments have at least one needed cotangent leaf."""
     it = iter(need)
-    return tuple(any(next(it) for _ in range(sub.num_leaves))
-                 for sub in call.args_tree.children())
+    return tuple(any([next(it) for _ in range(sub.num_leaves)]) for sub in call.arg_trees)
 
 
 def _structure_error(call: Call, role: str, what: str, expected, got, err) -> TypeError:
@@ -80,8 +103,10 @@ def _flatten_per_arg(call: Call, role: str, cts) -> list:
         raise TypeError(
             f"anybind op '{call.op.name}': the {ROLE_NAMES[role]} must return a tuple with one "
             f"cotangent per positional argument ({n}), got {got}")
+    if call._flat_args:
+        return list(cts)
     leaves = []
-    for i, (sub, ct) in enumerate(zip(call.args_tree.children(), cts)):
+    for i, (sub, ct) in enumerate(zip(call.arg_trees, cts)):
         if ct is None:
             leaves += [None] * sub.num_leaves
             continue
@@ -95,24 +120,44 @@ def _flatten_per_arg(call: Call, role: str, cts) -> list:
     return leaves
 
 
-def _select(leaves, mask, avals, xp, lead):
-    return [_zeros(xp, lead, a) if l is None else l
-            for l, m, a in zip(leaves, mask, avals) if m]
+def _selector(mask, avals, xp, lead) -> Callable[[list], list]:
+    """``select(leaves)``: the leaves where ``mask``, with zeros for ``None``."""
+    picked = [(i, a) for i, (m, a) in enumerate(zip(mask, avals)) if m]
+    if xp is np:
+        zeros = [_zeros(xp, lead, a) for _, a in picked]
+        return lambda leaves: [z if leaves[i] is None else leaves[i]
+                               for (i, _), z in zip(picked, zeros)]
+    return lambda leaves: [_zeros(xp, lead, a) if leaves[i] is None else leaves[i]
+                           for i, a in picked]
+
+
+def _simple(call: Call) -> bool:
+    """Arrays in, one array out, no keywords: no pytree handling needed."""
+    return call._flat_args and not call.kw_avals and not call.static and call.leaf_out
+
+
+def _inplace_error(call: Call) -> TypeError:
+    return TypeError(f"anybind op '{call.op.name}' is bound with out=True, so its function "
+                     f"writes into out= and must return None")
 
 
 def primal(call: Call, fn: Callable, xp, lead=(), inplace: bool = False) -> Callable[..., list]:
     n = call.n_in
     if inplace:
+        if _simple(call):
+            def run_flat(ins, outs) -> None:
+                if fn(*ins, out=outs[0]) is not None:
+                    raise _inplace_error(call)
+            return run_flat
+
         def run_inplace(ins, outs) -> None:
             res = fn(*call.args(ins[:n]), out=call.out_tree.unflatten(outs),
                      **call.kwargs(ins[n:]))
             if res is not None:
-                raise TypeError(
-                    f"anybind op '{call.op.name}' is bound with out=True, so its function "
-                    f"writes into out= and must return None; it returned {type(res).__name__}")
+                raise _inplace_error(call)
         return run_inplace
 
-    if call._flat_args and not call.kw_avals and not call.static and call.leaf_out:
+    if _simple(call):
         return lambda *ops: [fn(*ops)]  # the common case, without pytree handling
 
     def run(*ops):  # None results are refused by the host call's check or check_traced_outputs
@@ -124,13 +169,13 @@ def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=(),
         symbolic: bool = False) -> Callable[..., list]:
     n, m = call.n_in, len(call.kw_avals)
     r = len(call.res_avals)
+    fill = _filler(lin, call.in_avals, call.float_in, xp, lead, symbolic)
+    select = _selector(call.float_out, call.out_avals, xp, lead)
 
     def run(*ops):
         xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m + r:]
-        tangents = _fill(lin, ts, call.in_avals, xp, lead, call.float_in, symbolic)
-        out = fn(call.args(xs), call.args(tangents), **call.kwargs(ks))
-        leaves = _flatten_outputs(call, "jvp", out)
-        return _select(leaves, call.float_out, call.out_avals, xp, lead)
+        out = fn(call.args(xs), call.args(fill(ts)), **call.kwargs(ks))
+        return select(_flatten_outputs(call, "jvp", out))
     return run
 
 
@@ -138,14 +183,32 @@ def vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
         symbolic: bool = False) -> Callable[..., list]:
     n, m = call.n_in, len(call.kw_avals)
     extra = {"needs": _needs(call, need)} if symbolic else {}
+    if _simple(call) and all(lin) and xp is np:  # the hot path: x1, x2, ... ↦ one array
+        picked = [(i, _zeros(xp, lead, a)) for i, (k, a) in enumerate(zip(need, call.in_avals))
+                  if k]
+
+        def run_simple(*ops):
+            out = fn(ops[:n], ops[n], **extra)
+            if type(out) is not tuple or len(out) != n:
+                _flatten_per_arg(call, "vjp", out)  # raises the error
+            return [z if out[i] is None else out[i] for i, z in picked]
+        return run_simple
+    cotangent = _cotangent_maker(call, lin, xp, lead, symbolic)
+    select = _selector(need, call.in_avals, xp, lead)
 
     def run(*ops):
         xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
-        ct = call.out_tree.unflatten(
-            _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
-        out = fn(call.args(xs), ct, **call.kwargs(ks), **extra)
-        return _select(_flatten_per_arg(call, "vjp", out), need, call.in_avals, xp, lead)
+        out = fn(call.args(xs), cotangent(cts), **call.kwargs(ks), **extra)
+        return select(_flatten_per_arg(call, "vjp", out))
     return run
+
+
+def _cotangent_maker(call: Call, lin, xp, lead, symbolic) -> Callable[[Sequence], Any]:
+    """The output cotangent pytree from the present leaves."""
+    fill = _filler(lin, call.out_avals, call.float_out, xp, lead, symbolic)
+    if call.leaf_out:
+        return lambda cts: fill(cts)[0]
+    return lambda cts: call.out_tree.unflatten(fill(cts))
 
 
 def fwd(call: Call, fn: Callable, xp, lead=()) -> Callable[..., list]:
@@ -169,13 +232,13 @@ def bwd(call: Call, fn: Callable, lin, need, xp, lead=(),
         symbolic: bool = False) -> Callable[..., list]:
     n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
     extra = {"needs": _needs(call, need)} if symbolic else {}
+    cotangent = _cotangent_maker(call, lin, xp, lead, symbolic)
+    select = _selector(need, call.in_avals, xp, lead)
 
     def run(*ops):
         ks, rs, cts = ops[n:n + m], ops[n + m:n + m + r], ops[n + m + r:]
-        ct = call.out_tree.unflatten(
-            _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
-        out = fn(call.res_tree.unflatten(rs), ct, **call.kwargs(ks), **extra)
-        return _select(_flatten_per_arg(call, "bwd", out), need, call.in_avals, xp, lead)
+        out = fn(call.res_tree.unflatten(rs), cotangent(cts), **call.kwargs(ks), **extra)
+        return select(_flatten_per_arg(call, "bwd", out))
     return run
 
 
@@ -186,12 +249,13 @@ def transpose(call: Call, fn: Callable, lin, need, xp, lead=(),
     if input_shapes:
         extra["input_shapes"] = call.input_shapes
 
+    cotangent = _cotangent_maker(call, lin, xp, lead, symbolic)
+    select = _selector(need, call.in_avals, xp, lead)
+
     def run(*ops):
         ks, cts = ops[:m], ops[m:]
-        ct = call.out_tree.unflatten(
-            _fill(lin, cts, call.out_avals, xp, lead, call.float_out, symbolic))
-        out = fn(ct, **call.kwargs(ks), **extra)
-        return _select(_flatten_per_arg(call, "transpose", out), need, call.in_avals, xp, lead)
+        out = fn(cotangent(cts), **call.kwargs(ks), **extra)
+        return select(_flatten_per_arg(call, "transpose", out))
     return run
 
 

@@ -89,15 +89,20 @@ class Call:
     def n_in(self) -> int:
         return len(self.in_avals)
 
-    @property
-    def n_args(self) -> int:
-        return len(self.args_tree.children())
+    @functools.cached_property
+    def arg_trees(self) -> tuple:
+        """The treedef of each positional argument."""
+        return tuple(self.args_tree.children())
 
     @property
+    def n_args(self) -> int:
+        return len(self.arg_trees)
+
+    @functools.cached_property
     def float_in(self) -> tuple:
         return tuple(is_float(a) for a in self.in_avals)
 
-    @property
+    @functools.cached_property
     def float_out(self) -> tuple:
         return tuple(is_float(a) for a in self.out_avals)
 
@@ -112,6 +117,7 @@ class Call:
 
     @functools.cached_property
     def _flat_args(self) -> bool:
+        """Whether every positional argument is a single array."""
         return self.args_tree == tree_util.tree_structure((0,) * self.n_in)
 
     @functools.cached_property
