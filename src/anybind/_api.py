@@ -28,7 +28,7 @@ class Op:
     6.0
     """
 
-    def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear: bool,
+    def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear,
                  vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
                  examples: Callable[[], tuple] | None = None, out: bool = False):
         if not callable(fn):
@@ -36,7 +36,13 @@ class Op:
         self.fn = fn
         self.name = _primitive_name(name or getattr(fn, "__name__", None) or "op")
         self.shape = shape
-        self.linear = bool(linear)
+        if isinstance(linear, (tuple, list)):
+            if not all(isinstance(i, int) and i >= 0 for i in linear):
+                raise TypeError(f"anybind op '{self.name}': linear must be a bool or a tuple of "
+                                f"positional argument indices, got {linear!r}")
+            self.linear, self.linear_argnums = False, tuple(sorted(set(linear)))
+        else:
+            self.linear, self.linear_argnums = bool(linear), ()
         self.traced = bool(traced)
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
@@ -229,7 +235,8 @@ def _primitive_name(name: str) -> str:
 
 
 def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpose=None,
-         linear: bool = False, vmap: VmapMode = "sequential", traced: bool = False,
+         linear: bool | tuple[int, ...] = False, vmap: VmapMode = "sequential",
+         traced: bool = False,
          has_side_effect: bool = False, name: str | None = None,
          examples: Callable[[], tuple] | None = None, out: bool = False):
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
@@ -243,7 +250,10 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
         or a callable of the inputs' ShapeDtypeStructs. Inferred when traced.
       jvp, vjp, transpose: rules (see ``Op.def_jvp`` and friends), of the same
         kind (host or traced) as ``fn``.
-      linear: ``fn`` is linear in its positional arguments jointly.
+      linear: ``True``: ``fn`` is linear in its positional arguments jointly. A
+        tuple of argument indices: linear in those (jointly, the others fixed),
+        so ``jax.linear_transpose`` in them works (through the derivative
+        rules); other transformations treat the op as non-linear.
       vmap: ``"sequential"``, ``"vectorized"`` or a batching rule.
       traced: ``fn`` (and the rules given here) are JAX code, traced inline.
       has_side_effect: every call runs exactly once; XLA may not drop or merge it.

@@ -189,6 +189,10 @@ def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=
     op = call.op
     lay = Layout(role, call, len(operands))
     undefined = [isinstance(o, ad.UndefinedPrimal) for o in operands]
+    if role == "primal" and not op.linear and any(undefined) and op.linear_argnums:
+        linear_leaves = call.leaves_of(op.linear_argnums)
+        if all(i in linear_leaves for i, u in enumerate(undefined) if u):
+            return _transpose_partially_linear(fam, call, batch, cts, operands, undefined)
     for i in lay.nonlin:
         if undefined[i]:
             if i in lay.ks:
@@ -196,8 +200,9 @@ def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=
             raise TypeError(
                 f"anybind op '{op.name}': the {role_name(role, call)} is not linear in "
                 f"positional input leaf {i - lay.xs.start}, but linear_transpose (or a "
-                f"transpose in reverse mode) treated it as linear. Declare linear=True only "
-                f"for ops linear in all positional arguments")
+                f"transpose in reverse mode) treated it as linear. Declare linear=True for "
+                f"an op linear in all positional arguments, or linear=(i, ...) for one linear "
+                f"in some of them (given the others)")
     und = [undefined[i] for i in lay.lin]
     present = tuple(type(c) is not ad.Zero for c in cts)
     res = [None] * len(operands)
@@ -214,6 +219,27 @@ def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=
                       batch.size)(*nonlin, *pcts)
         out = [sum_unbatched(c, batch.mask[i]) for c, i in zip(out, lin_idx)]
     for i, c in zip(lin_idx, out):
+        res[i] = c
+    return res
+
+
+def _transpose_partially_linear(fam, call: Call, batch, cts, operands, undefined):
+    """An op linear in some arguments: its transpose there is its VJP (at zero, say)."""
+    und = [i for i, u in enumerate(undefined) if u]
+    fo = call.float_out
+
+    def f(*u):
+        full = list(operands)
+        for i, v in zip(und, u):
+            full[i] = v
+        outs = fam["primal"].bind(*full, call=call, batch=batch)
+        return [o for o, fl in zip(outs, fo) if fl]
+
+    zeros = [jnp.zeros(operands[i].aval.shape, operands[i].aval.dtype) for i in und]
+    _, pullback = jax.vjp(f, *zeros)
+    out = pullback([ad.instantiate_zeros(c) for c, fl in zip(cts, fo) if fl])
+    res = [None] * len(operands)
+    for i, c in zip(und, out):
         res[i] = c
     return res
 

@@ -98,6 +98,11 @@ class Call:
     def n_args(self) -> int:
         return len(self.arg_trees)
 
+    def leaves_of(self, argnums) -> set:
+        """The flat leaf indices of the given positional arguments."""
+        starts = np.cumsum([0] + [t.num_leaves for t in self.arg_trees])
+        return {i for a in argnums if a < self.n_args for i in range(starts[a], starts[a + 1])}
+
     @functools.cached_property
     def float_in(self) -> tuple:
         return tuple(is_float(a) for a in self.in_avals)
