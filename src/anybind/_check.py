@@ -184,7 +184,7 @@ class Context:
                         for _ in tree_util.tree_leaves(a)]
         self.x_names = [f"argument {i}{tree_util.keystr(p)}" for i, a in enumerate(self.args)
                         for p, _ in tree_util.tree_flatten_with_path(a)[0]]
-        self.k_names = [f"keyword {tree_util.keystr(p)}"
+        self.k_names = [f"keyword {p[0].key!r}{tree_util.keystr(p[1:])}"
                         for p, _ in tree_util.tree_flatten_with_path(operands)[0]]
         self.fx = [i for i, x in enumerate(self.xs) if inexact(x)]
         self.report = Report(op.name, describe(op))
@@ -388,8 +388,9 @@ def _short(e: Exception) -> str:
 
 def describe(op) -> str:
     """One line on what kind of op this is and which rules it has."""
-    rules = [k for k in ("jvp", "vjp", "transpose", "fwd", "bwd")
-             if getattr(op, f"{k}_rule", None) is not None]
+    rules = [f"{k}{' (traced)' if r.traced and not op.traced else ''}"
+             for k in ("jvp", "vjp", "transpose", "fwd", "bwd")
+             if (r := getattr(op, f"{k}_rule", None)) is not None]
     kinds = ["traced" if op.traced else "host"] + (["linear"] if op.linear else [])
     vmap = "rule" if getattr(op, "vmap_rule", None) is not None else op.vmap
     return f"{' '.join(kinds)}; vmap: {vmap}; rules: {', '.join(rules) or 'none'}"
