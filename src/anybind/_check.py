@@ -41,7 +41,7 @@ class RuleError(Exception):
     ...     ab.check(bad, np.linspace(0.1, 1.0, 4))
     ... except ab.RuleError as e:
     ...     print(e.check, "|", e.where)
-    jvp | argument 0 → output 0
+    jvp | argument 0 → output
     """
 
     def __init__(self, op: str, check: str, where: str, message: str,

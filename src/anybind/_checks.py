@@ -139,18 +139,17 @@ def jit(ctx) -> None:
         return
     f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
     ts = _tangents(ctx, ctx.fx)
-    names = _float_names(ctx)
-    for label, g, extra in (("jvp", lambda xs, ts: jax.jvp(f, xs, ts)[1], ts),
-                            ("vjp", lambda xs, ys: jax.vjp(f, *xs)[1](ys), None)):
-        if extra is None:
-            extra = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
-            names = [ctx.x_names[i] for i in ctx.fx]
+    ys = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
+    cases = (("jvp", lambda xs, ts: jax.jvp(f, xs, ts)[1], ts, _float_names(ctx)),
+             ("vjp", lambda xs, ys: jax.vjp(f, *xs)[1](ys), ys,
+              [ctx.x_names[i] for i in ctx.fx]))
+    for label, g, lin, names in cases:
         ctx.current = ("jit", label)
         try:
-            want = g(xs, extra)
-        except NotImplementedError:  # the rule is missing; the jvp and vjp checks say so
+            want = g(xs, lin)
+        except NotImplementedError:  # the rule is missing; the jvp and vjp rows say so
             continue
-        ctx.compare("jit", label, jax.jit(g)(xs, extra), want, names)
+        ctx.compare("jit", label, jax.jit(g)(xs, lin), want, names)
 
 
 # -------------------------------------------------------------- first order
