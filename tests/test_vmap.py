@@ -264,3 +264,22 @@ def test_derived_primitives_batch_in_the_ops_mode(mode):
     np.testing.assert_allclose(t, 2 * x * x, rtol=1e-12)
     expect = [(4, 3)] if mode == "vectorized" else [(3,)] * 4
     assert shapes == {"jvp": expect, "vjp": expect}
+
+
+@pytest.mark.parametrize("mode", VMAP_MODES)
+def test_sequential_vmap_of_scalar_rows(mode):
+    """Rows that are scalars, in and out (the output buffer's rows are 0-d)."""
+    total = ab.bind(lambda x: np.sum(x, axis=-1), vmap=_mode_arg(mode), name=f"total_{mode}",
+                    shape=lambda x: jax.ShapeDtypeStruct(x.shape[:-1], x.dtype))
+    neg = ab.bind(np.negative, shape=ab.like(0), vmap=_mode_arg(mode), name=f"neg_{mode}")
+    if mode == "rule":
+        total.def_vmap(lambda n, b, x: (np.sum(x, axis=-1), True))
+        neg.def_vmap(lambda n, b, x: (np.negative(x), True))
+    x = randn((4, 3))
+    np.testing.assert_allclose(jax.vmap(total)(x), x.sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(neg)(x[:, 0]), -x[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(jax.vmap(jax.vmap(neg))(x), -x, rtol=1e-12)
+
+
+def _mode_arg(mode):
+    return "sequential" if mode == "rule" else mode
