@@ -68,12 +68,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m anybind`` and the ``anybind`` script; returns the exit code."""
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "check":
-        return check_command(args)
-    if args.command == "demo":
-        return demo_command(args)
-    parser().print_help()
-    return 2
+    if args.command is None:
+        parser().print_help()
+        return 2
+    import jax
+    # host code runs on the CPU backend: keep example arrays there on GPU machines too
+    with jax.default_device(jax.devices("cpu")[0]):
+        return check_command(args) if args.command == "check" else demo_command(args)
 
 
 def demo_command(args) -> int:
