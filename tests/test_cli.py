@@ -109,7 +109,7 @@ def test_demo():
         assert op in r.stdout
     for t in _demo.TRANSFORMS:
         assert t in r.stdout
-    assert "✗" not in r.stdout and r.stdout.count("✓") >= 35
+    assert "✗" not in r.stdout and r.stdout.count("✓") >= 30  # 42 with ducc0
     assert "results agree with their pure-JAX references" in r.stdout
 
 
