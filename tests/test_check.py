@@ -320,3 +320,19 @@ def test_scalars_empty_arrays_and_low_precision(x):
     sin = ab.bind(np.sin, shape=ab.like(0), vmap="vectorized", name="sin_any",
                   jvp=lambda p, t: np.cos(p[0]) * t[0], vjp=lambda p, ct: (np.cos(p[0]) * ct,))
     assert ab.check(sin, x).ok
+
+
+def _scaled(linear):
+    """sin(a)·x: linear in its argument 1 only."""
+    return ab.bind(lambda a, x: np.sin(a) * x, shape=ab.like(1), linear=linear,
+                   vmap="vectorized", name="scaled",
+                   jvp=lambda p, t: np.cos(p[0]) * p[1] * t[0] + np.sin(p[0]) * t[1],
+                   vjp=lambda p, ct: (np.cos(p[0]) * p[1] * ct, np.sin(p[0]) * ct))
+
+
+def test_op_linear_in_some_arguments():
+    report = ab.check(_scaled((1,)), X, Y)
+    rows = {(r.check, r.where): r.status for r in report.rows}
+    assert rows[("linearity", "argument 1")] == rows[("transpose", "argument 1")] == "ok"
+    assert "linear in 1" in str(report)
+    _raises(_scaled((0,)), X, Y, check="linearity", where="argument 0")

@@ -391,6 +391,8 @@ def describe(op) -> str:
     rules = [f"{k}{' (traced)' if r.traced and not op.traced else ''}"
              for k in ("jvp", "vjp", "transpose", "fwd", "bwd")
              if (r := getattr(op, f"{k}_rule", None)) is not None]
-    kinds = ["traced" if op.traced else "host"] + (["linear"] if op.linear else [])
+    argnums = tuple(getattr(op, "linear_argnums", ()))
+    kinds = ["traced" if op.traced else "host"] + (["linear"] if op.linear else [
+        f"linear in {', '.join(map(str, argnums))}"] if argnums else [])
     vmap = "rule" if getattr(op, "vmap_rule", None) is not None else op.vmap
     return f"{' '.join(kinds)}; vmap: {vmap}; rules: {', '.join(rules) or 'none'}"

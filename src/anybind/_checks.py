@@ -219,38 +219,52 @@ def _fd_identity(ctx, idx, ts, ybar, cts):
         yield ctx.assess_scalars(*_identity(ybar, jt, cts, ts), fd=True, floor=floor * ynorm)
 
 
+def _linear_part(ctx) -> tuple:
+    """(label, float leaves) the op is declared linear in: all with ``linear=True``,
+    those of ``linear=(i, ...)``'s arguments, or none."""
+    if ctx.op.linear:
+        return "all arguments", list(ctx.fx)
+    argnums = tuple(getattr(ctx.op, "linear_argnums", ()))
+    idx = [i for i in ctx.fx if ctx.x_group[i] in argnums]
+    return f"argument{'s' * (len(argnums) > 1)} {', '.join(map(str, argnums))}", idx
+
+
 def linearity(ctx) -> None:
-    """f(a·x + b·y) = a·f(x) + b·f(y) for a linear=True op."""
-    if not ctx.op.linear or not ctx.fx:
+    """f(a·x + b·y) = a·f(x) + b·f(y) in the arguments the op is declared linear in."""
+    label, idx = _linear_part(ctx)
+    if not idx:
         return
-    ctx.current = ("linearity", "all arguments")
-    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
-    ys = _tangents(ctx, ctx.fx)
+    ctx.current = ("linearity", label)
+    f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
+    ys = _tangents(ctx, idx)
     a, b = 0.75, -1.25
     lhs = f(*[a * x + b * y for x, y in zip(xs, ys)])
     rhs = [a * u + b * v for u, v in zip(f(*xs), f(*ys))]
-    ctx.compare("linearity", "all arguments", lhs, rhs, _float_names(ctx),
-                hint="The op is declared linear=True but its function is not linear.")
+    ctx.compare("linearity", label, lhs, rhs, _float_names(ctx),
+                hint=f"The op is declared linear in {label} but its function is not.")
 
 
 def transpose(ctx) -> None:
-    """⟨ȳ, A·ẋ⟩ = ⟨Aᵀ·ȳ, ẋ⟩ for a linear=True op, Aᵀ by jax.linear_transpose."""
-    if not ctx.op.linear or not ctx.fx:
+    """⟨ȳ, A·ẋ⟩ = ⟨Aᵀ·ȳ, ẋ⟩ in the linear arguments, Aᵀ by jax.linear_transpose."""
+    label, idx = _linear_part(ctx)
+    if not idx or not ctx.fo:
         return
-    ctx.current = ("transpose", "all arguments")
-    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
+    ctx.current = ("transpose", label)
+    f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
     ybar = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
     cts = jax.linear_transpose(f, *xs)(ybar)
-    for label, idx, imag in ctx.groups():
-        ctx.current = ("transpose", label)
-        ts = _tangents(ctx, idx, imag)
+    rule = "the transpose rule" if ctx.op.linear else "the vjp rule (linear_transpose)"
+    for where, part, imag in ctx.groups():
+        if not set(part) <= set(idx):
+            continue
+        ctx.current = ("transpose", where)
+        ts = _tangents(ctx, part, imag)
         full = [jnp.zeros_like(x) for x in xs]
-        for i, t in zip(idx, ts):
-            full[ctx.fx.index(i)] = t
-        c = [cts[ctx.fx.index(i)] for i in idx]
-        ctx.record("transpose", label, [ctx.assess_scalars(*_identity(ybar, f(*full), c, ts))],
-                   hint="⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from the "
-                        "transpose rule.")
+        for i, t in zip(part, ts):
+            full[idx.index(i)] = t
+        c = [cts[idx.index(i)] for i in part]
+        ctx.record("transpose", where, [ctx.assess_scalars(*_identity(ybar, f(*full), c, ts))],
+                   hint=f"⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from {rule}.")
 
 
 # -------------------------------------------------------------------- vmap
