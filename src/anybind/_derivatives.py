@@ -46,12 +46,13 @@ def _params(role, call, batch, lin, need) -> dict:
 
 # --------------------------------------------------------------------------- JVP
 
-def jvp_rule(fam, role, primals, tangents, *, call: Call, batch, lin=None, need=None):
+def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None):
     """(x, ẋ) ↦ (f(x), ∂f(x)·ẋ) for any primitive of the family.
 
     Zero tangents arrive as ``ad.Zero``; if all are zero the output tangents
     leave as ``ad.Zero`` and no rule runs.
     """
+    fam = call.op._family
     params = _params(role, call, batch, lin, need)
     saved = []
     if role == "primal" and uses_residuals(call):  # f and its residuals in one call
@@ -180,13 +181,13 @@ def _linear_tangent(fam, role, call: Call, lin, need, lay: Layout, sel) -> Calla
 
 # --------------------------------------------------------------------- transpose
 
-def transpose_rule(fam, role, cts, *operands, call: Call, batch, lin=None, need=None):
+def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None):
     """ȳ ↦ Aᵀ·ȳ for the linear operands (``ad.UndefinedPrimal``) of a primitive.
 
     Zero cotangents arrive as ``ad.Zero`` and are left out; operands that are
     not linear inputs get ``None``.
     """
-    op = call.op
+    op, fam = call.op, call.op._family
     lay = Layout(role, call, len(operands))
     undefined = [isinstance(o, ad.UndefinedPrimal) for o in operands]
     if role == "primal" and not op.linear and any(undefined) and op.linear_argnums:

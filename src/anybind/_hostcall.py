@@ -15,7 +15,8 @@ import numpy as np
 from jax.interpreters import mlir
 import jax.ffi
 
-from ._spec import Batch, Call, InBatched
+from . import _impls
+from ._spec import Batch, Call
 
 _TARGETS = {"cpu": "xla_buffer_python_cpu_callback"}
 _SCALARS = (int, float, complex, bool)
@@ -104,28 +105,16 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 for i in batched:
                     row[i] = ins[i][b]
                 for j, (r, o, e) in enumerate(zip(run(*row), outs, expected)):
-                    store(o[b], r, j, e[0], b)
+                    store(o[b, ...], r, j, e[0], b)  # o[b, ...] is a view, also 0-d
         return runner
 
     # A user vmap rule for the primal function.
-    rule = mode
-    n = call.n_in
-
     def runner(ins, outs):
-        args = [x if m else x[0] for x, m in zip(ins, mask)]
-        in_batched = InBatched(call.args_tree.unflatten(mask[:n]))
-        in_batched.kwargs = call.kw_tree.unflatten(mask[n:])
-        res = rule.fn(size, in_batched, *call.args(args[:n]), **call.kwargs(args[n:]))
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise HostError(f"anybind op '{call.op.name}': the vmap rule must return a pair "
-                            f"(out, out_batched), got {type(res).__name__}")
-        out, out_batched = res
-        leaves = call.out_tree.flatten_up_to(out)
-        flags = ([out_batched] * len(leaves) if isinstance(out_batched, bool)
-                 else call.out_tree.flatten_up_to(out_batched))
-        for j, (r, f, o, a) in enumerate(zip(leaves, flags, outs, out_avals)):
-            shape = ((size,) if f else ()) + a.shape
-            o[...] = _as_result(call, f"the vmap rule's {out_names[j]}", r, a, shape, False)
+        leaves, flags = _impls.call_vmap_rule(call, mode.fn, batch, ins)
+        for j, (r, f, o) in enumerate(zip(leaves, flags, outs)):
+            shape = ((size,) if f else ()) + expected[j][0]
+            o[...] = _as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
+                                shape, False)
     return runner
 
 
@@ -138,7 +127,7 @@ def _inplace_runner(make_run: Callable, batch: Batch | None, mode) -> Callable:
 
     def runner(ins, outs):
         for b in range(batch.size):
-            run([x[b] if m else x[0] for x, m in zip(ins, mask)], [o[b] for o in outs])
+            run([x[b] if m else x[0] for x, m in zip(ins, mask)], [o[b, ...] for o in outs])
     return runner
 
 

@@ -33,10 +33,10 @@ import numpy as np
 
 from jax import tree_util
 
-from ._spec import Call, is_float
+from ._spec import Call, InBatched, is_float
 
 ROLE_NAMES = {"primal": "function", "fwd": "fwd rule", "jvp": "jvp rule", "vjp": "vjp rule",
-              "bwd": "bwd rule", "transpose": "transpose rule"}
+              "bwd": "bwd rule", "transpose": "transpose rule", "vmap": "vmap rule"}
 
 
 def _zeros(xp, lead, aval):
@@ -257,6 +257,27 @@ def transpose(call: Call, fn: Callable, lin, need, xp, lead=(),
         out = fn(cotangent(cts), **call.kwargs(ks), **extra)
         return select(_flatten_per_arg(call, "transpose", out))
     return run
+
+
+def call_vmap_rule(call: Call, fn: Callable, batch, ops) -> tuple[list, list]:
+    """Run a vmap rule on operands in ``Batch`` layout; its output leaves and batched flags."""
+    n = call.n_in
+    args = [o if m else o[0] for o, m in zip(ops, batch.mask)]
+    in_batched = InBatched(call.args_tree.unflatten(batch.mask[:n]))
+    in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:])
+    res = fn(batch.size, in_batched, *call.args(args[:n]), **call.kwargs(args[n:]))
+    if not (isinstance(res, tuple) and len(res) == 2):
+        raise TypeError(f"anybind op '{call.op.name}': the vmap rule must return a pair "
+                        f"(out, out_batched), got {type(res).__name__}")
+    out, out_batched = res
+    leaves = _flatten_outputs(call, "vmap", out)
+    if isinstance(out_batched, bool):
+        return leaves, [out_batched] * len(leaves)
+    try:
+        return leaves, call.out_tree.flatten_up_to(out_batched)
+    except (ValueError, TypeError) as e:
+        raise _structure_error(call, "vmap", "out_batched", call.out_tree, out_batched,
+                               e) from None
 
 
 def check_traced_outputs(call: Call, role: str, outs: Sequence[Any], avals: Sequence[Any],

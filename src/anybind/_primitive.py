@@ -13,6 +13,7 @@ and ``need`` (which input cotangents to produce):
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -27,7 +28,7 @@ from jax._src import dispatch, effects
 from . import _batching, _derivatives, _hostcall, _impls
 from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
                      out_avals, out_names, role_name, rule_of)
-from ._spec import Batch, Call, InBatched, Rule
+from ._spec import Batch, Call, Rule
 
 
 class HostCallEffect(effects.Effect):
@@ -44,10 +45,14 @@ effects.remat_allowed_effects.add_type(HostCallEffect)
 
 
 class Family:
-    """The primitives of one op, with every rule registered right here."""
+    """The primitives of one op, with every rule registered right here.
+
+    The registered rules find the op through their ``call`` parameter, never
+    through a reference of their own, so an op that nothing uses any more (no
+    Python reference, no live program) is collected with what it closes over.
+    """
 
     def __init__(self, op):
-        self.op = op
         base = op.name
         self.prims = {}
         for role in ROLES:
@@ -55,67 +60,76 @@ class Family:
             prim = jcore.Primitive(name)
             prim.multiple_results = True
             prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-            prim.def_effectful_abstract_eval(functools.partial(self._abstract_eval, role))
-            mlir.register_lowering(prim, functools.partial(self._lower, role))
-            ad.primitive_jvps[prim] = functools.partial(_derivatives.jvp_rule, self, role)
-            ad.primitive_transposes[prim] = functools.partial(
-                _derivatives.transpose_rule, self, role)
+            prim.def_effectful_abstract_eval(functools.partial(_abstract_eval, role))
+            mlir.register_lowering(prim, functools.partial(_lower, role))
+            ad.primitive_jvps[prim] = functools.partial(_derivatives.jvp_rule, role)
+            ad.primitive_transposes[prim] = functools.partial(_derivatives.transpose_rule, role)
             batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
             self.prims[role] = prim
+        weakref.finalize(op, _unregister, tuple(self.prims.values()))
 
     def __getitem__(self, role: str):
         return self.prims[role]
 
-    def _abstract_eval(self, role, *avals, call: Call, batch: Batch | None,
-                       lin=None, need=None):
-        del avals
-        lead = () if batch is None else (batch.size,)
-        outs = [ShapedArray(lead + a.shape, a.dtype) for a in out_avals(role, call, lin, need)]
-        effs = {HOST_EFFECT} if role == "primal" and self.op.has_side_effect else effects.no_effects
-        return outs, effs
 
-    def _lower(self, role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
-        op = self.op
-        rule = rule_of(role, call)
-        if batch is not None and role == "primal" and isinstance(op.vmap_rule, Rule):
-            rule, mode = op.vmap_rule, op.vmap_rule
-        else:
-            mode = op.vmap if isinstance(op.vmap, str) else "sequential"
-        if rule is None:
-            raise MissingRuleError(missing_rule_message(role, op))
-        avals = out_avals(role, call, lin, need)
-        names = out_names(role, call, need)
-        name = "vmap rule" if rule is op.vmap_rule else role_name(role, call)
-        if not rule.traced:
-            runner = _hostcall.make_host_runner(
-                call, name,
-                lambda lead: make_run(role, call, rule, lin, need, np, lead),
-                avals, names, batch, mode,
-                inplace=role == "primal" and op.inplace and rule is not op.vmap_rule)
-            return _hostcall.lower_host(
-                ctx, *args, runner=runner, call=call, role_name=name,
-                has_side_effect=role == "primal" and op.has_side_effect)
-        if rule is op.vmap_rule:
-            fn = _traced_vmap_rule(call, rule, batch)
-        else:
-            fn = checked(call, role, make_run(role, call, rule, lin, need, jnp, ()), avals, names)
-            if batch is not None:
-                fn = _batching.vmapped(fn, batch.mask, batch.size)
-        return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+def _unregister(prims) -> None:
+    """Drop a collected op's primitives from JAX's rule tables."""
+    from jax._src.interpreters import mlir as _mlir
+    for prim in prims:
+        for table in (ad.primitive_jvps, ad.primitive_transposes, batching.primitive_batchers,
+                      _mlir._lowerings):
+            try:
+                del table[prim]
+            except (KeyError, TypeError, AttributeError):
+                pass
+
+
+def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need=None):
+    del avals
+    lead = () if batch is None else (batch.size,)
+    outs = [ShapedArray(lead + a.shape, a.dtype) for a in out_avals(role, call, lin, need)]
+    effs = {HOST_EFFECT} if role == "primal" and call.op.has_side_effect else effects.no_effects
+    return outs, effs
+
+
+def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
+    op = call.op
+    rule = rule_of(role, call)
+    if batch is not None and role == "primal" and isinstance(op.vmap_rule, Rule):
+        rule, mode = op.vmap_rule, op.vmap_rule
+    else:
+        mode = op.vmap if isinstance(op.vmap, str) else "sequential"
+    if rule is None:
+        raise MissingRuleError(missing_rule_message(role, op))
+    avals = out_avals(role, call, lin, need)
+    names = out_names(role, call, need)
+    name = "vmap rule" if rule is op.vmap_rule else role_name(role, call)
+    if not rule.traced:
+        runner = _hostcall.make_host_runner(
+            call, name,
+            lambda lead: make_run(role, call, rule, lin, need, np, lead),
+            avals, names, batch, mode,
+            inplace=role == "primal" and op.inplace and rule is not op.vmap_rule)
+        return _hostcall.lower_host(
+            ctx, *args, runner=runner, call=call, role_name=name,
+            has_side_effect=role == "primal" and op.has_side_effect)
+    if rule is op.vmap_rule:
+        fn = _traced_vmap_rule(call, rule, batch)
+    else:
+        fn = checked(call, role, make_run(role, call, rule, lin, need, jnp, ()), avals, names)
+        if batch is not None:
+            fn = _batching.vmapped(fn, batch.mask, batch.size)
+    return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
 def _traced_vmap_rule(call: Call, rule: Rule, batch: Batch) -> Callable[..., list]:
-    n = call.n_in
+    avals = [ShapedArray((batch.size,) + a.shape, a.dtype) for a in call.out_avals]
+    names = [call.out_name(j) for j in range(len(avals))]
 
     def run(*ops):
-        args = [o if m else o[0] for o, m in zip(ops, batch.mask)]
-        in_batched = InBatched(call.args_tree.unflatten(batch.mask[:n]))
-        in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:])
-        out, out_batched = rule.fn(batch.size, in_batched, *call.args(args[:n]),
-                                   **call.kwargs(args[n:]))
-        leaves = call.out_tree.flatten_up_to(out)
-        flags = ([out_batched] * len(leaves) if isinstance(out_batched, bool)
-                 else call.out_tree.flatten_up_to(out_batched))
-        return [l if f else jnp.broadcast_to(l, (batch.size,) + l.shape)
+        leaves, flags = _impls.call_vmap_rule(call, rule.fn, batch, ops)
+        outs = [l if f else jnp.broadcast_to(l, (batch.size,) + jnp.shape(l))
                 for l, f in zip(leaves, flags)]
+        _impls.check_traced_outputs(call, "vmap", outs, avals, names)
+        return outs
     return run
