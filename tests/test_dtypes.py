@@ -70,18 +70,19 @@ def test_eager_jit_and_vmap_keep_dtype(dtype, shape, x64):
     want_dtype = _canonical(dtype)
     want = _jnegate(jnp.asarray(x))
     assert want.dtype == want_dtype
+    xs = np.stack([x, x])
+    SEEN.clear()
+    out = OPS["sequential"](x)  # eagerly
+    assert out.dtype == want_dtype and out.shape == shape
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
     for mode, op in OPS.items():
-        SEEN.clear()
-        for f in (op, jax.jit(op)):
-            out = f(x)
-            assert out.dtype == want_dtype and out.shape == shape
-            np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
-        xs = np.stack([x, x])
-        out = jax.vmap(op)(xs)
-        assert out.dtype == want_dtype and out.shape == (2,) + shape
-        np.testing.assert_array_equal(np.asarray(out), np.stack([np.asarray(want)] * 2))
-        if np.size(x):  # (zero-size calls need not reach the host)
-            assert SEEN and all(d == want_dtype for d in SEEN), (mode, SEEN)
+        out, vout = jax.jit(lambda x, xs: (op(x), jax.vmap(op)(xs)))(x, xs)
+        assert out.dtype == want_dtype and out.shape == shape
+        np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+        assert vout.dtype == want_dtype and vout.shape == (2,) + shape
+        np.testing.assert_array_equal(np.asarray(vout), np.stack([np.asarray(want)] * 2))
+    if np.size(x):  # (zero-size calls need not reach the host)
+        assert SEEN and all(d == want_dtype for d in SEEN), SEEN  # the host saw the dtype
 
 
 @pytest.mark.parametrize("dtype", FLOATS + COMPLEX, ids=lambda d: np.dtype(d).name)
@@ -95,17 +96,17 @@ def test_derivatives_per_dtype(dtype, x64):
     tol = TOLS[dtype] if x64 or dtype not in (np.float64, np.complex128) else 2e-6
     out = op(x1, x2)
     assert out.dtype == _canonical(dtype)
-    t = (randn(3, dtype, seed=2), randn(3, dtype, seed=3))
-    got, want = jax.jvp(op, (x1, x2), t), jax.jvp(ref, (jnp.asarray(x1), jnp.asarray(x2)), t)
-    assert_tree_close(got, want, rtol=tol, atol=tol)
     loss = lambda f: (lambda a, b: jnp.sum(jnp.abs(f(a, b)) ** 2).astype(jnp.float32))
-    g = jax.grad(loss(op), argnums=(0, 1))(x1, x2)
-    g_ref = jax.grad(loss(ref), argnums=(0, 1))(jnp.asarray(x1), jnp.asarray(x2))
-    assert_tree_close(g, g_ref, rtol=10 * tol, atol=10 * tol)
-    vg = jax.vmap(jax.grad(loss(op), argnums=(0, 1)))(np.stack([x1, x2]), np.stack([x2, x1]))
-    vg_ref = jax.vmap(jax.grad(loss(ref), argnums=(0, 1)))(
-        jnp.asarray(np.stack([x1, x2])), jnp.asarray(np.stack([x2, x1])))
-    assert_tree_close(vg, vg_ref, rtol=10 * tol, atol=10 * tol)
+
+    def program(f):  # jvp, grad and vmap(grad) in one compiled program
+        def run(x1, x2, t1, t2):
+            g = jax.grad(loss(f), argnums=(0, 1))
+            return (jax.jvp(f, (x1, x2), (t1, t2)), g(x1, x2),
+                    jax.vmap(g)(jnp.stack([x1, x2]), jnp.stack([x2, x1])))
+        return jax.jit(run)
+
+    args = (x1, x2, randn(3, dtype, seed=2), randn(3, dtype, seed=3))
+    assert_tree_close(program(op)(*args), program(ref)(*args), rtol=10 * tol, atol=10 * tol)
 
 
 @pytest.mark.parametrize("out_dtype", [np.int8, np.int32, np.int64, np.uint16, np.bool_],
@@ -194,6 +195,6 @@ def test_linear_op_in_low_precision(dtype):
     (t,) = jax.linear_transpose(op, x)(x)
     assert t.dtype == dtype
     np.testing.assert_allclose(t, 3 * x, rtol=TOLS[dtype])
-    h = jax.hessian(lambda x: jnp.sum(jnp.abs(op(x.astype(dtype))) ** 2))(
+    h = jax.jit(jax.hessian(lambda x: jnp.sum(jnp.abs(op(x.astype(dtype))) ** 2)))(
         randn(4, np.float32 if dtype != np.float16 else np.float16))
     np.testing.assert_allclose(h, 18 * np.eye(4), rtol=TOLS[dtype])

@@ -66,16 +66,15 @@ def test_grad_and_hessian_of_sum_of_squares(name, mode):
     case = LINEAR_CASES[name]
     v, build = _realify(case)
     f, ref = _sq_loss(case.op(mode), build), _sq_loss(case.reference(), build)
-    assert_tree_close(jax.jit(jax.grad(f))(v), jax.grad(ref)(v), **TOL)
-    assert_tree_close(jax.jit(jax.hessian(f))(v), jax.hessian(ref)(v), **TOL)
+    assert_tree_close(jax.jit(jax.grad(f))(v), jax.jit(jax.grad(ref))(v), **TOL)
+    assert_tree_close(jax.jit(jax.hessian(f))(v), jax.jit(jax.hessian(ref))(v), **TOL)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_eager_hessian(name):
-    case = LINEAR_CASES[name]
+def test_eager_hessian():
+    case = LINEAR_CASES["matvec"]
     v, build = _realify(case)
     f, ref = _sq_loss(case.op(), build), _sq_loss(case.reference(), build)
-    assert_tree_close(jax.hessian(f)(v), jax.hessian(ref)(v), **TOL)
+    assert_tree_close(jax.hessian(f)(v), jax.jit(jax.hessian(ref))(v), **TOL)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -83,11 +82,14 @@ def test_jacfwd_jacrev_and_third_derivative(name):
     case = LINEAR_CASES[name]
     v, build = _realify(case)
     f, ref = _sq_loss(case.op(), build), _sq_loss(case.reference(), build)
-    assert_tree_close(jax.jit(jax.jacfwd(jax.jacrev(f)))(v), jax.hessian(ref)(v), **TOL)
-    assert_tree_close(jax.jit(jax.jacrev(jax.jacfwd(f)))(v), jax.hessian(ref)(v), **TOL)
+    h = jax.jit(jax.hessian(ref))(v)
+    assert_tree_close(jax.jit(jax.jacfwd(jax.jacrev(f)))(v), h, **TOL)
+    assert_tree_close(jax.jit(jax.jacrev(jax.jacfwd(f)))(v), h, **TOL)
+    if name not in ("matvec", "axpy_traced_no_transpose"):
+        return  # third order: one host and one traced linear op suffice
     cube = lambda g: (lambda v: g(v) ** 1.5)
     assert_tree_close(jax.jit(jax.jacfwd(jax.hessian(cube(f))))(v),
-                      jax.jacfwd(jax.hessian(cube(ref)))(v), rtol=1e-9, atol=1e-9)
+                      jax.jit(jax.jacfwd(jax.hessian(cube(ref))))(v), rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -158,10 +160,10 @@ def test_derivatives_of_transpose(name, mode):
     loss = lambda g: (lambda y: sum(jnp.sum(jnp.abs(o) ** 2) for o in jax.tree.leaves(g(y))))
     real = not any(np.iscomplexobj(l) for l in jax.tree.leaves(ybar))
     if real:
-        assert_tree_close(jax.jit(jax.hessian(loss(ft)))(ybar), jax.hessian(loss(ref_t))(ybar),
+        assert_tree_close(jax.jit(jax.hessian(loss(ft)))(ybar), jax.jit(jax.hessian(loss(ref_t)))(ybar),
                           **TOL)
     else:
-        assert_tree_close(jax.jit(jax.grad(loss(ft)))(ybar), jax.grad(loss(ref_t))(ybar), **TOL)
+        assert_tree_close(jax.jit(jax.grad(loss(ft)))(ybar), jax.jit(jax.grad(loss(ref_t)))(ybar), **TOL)
     t = tree_randn_like(ybar, seed=12)
     assert_tree_close(jax.jvp(ft, (ybar,), (t,)), jax.jvp(ref_t, (ybar,), (t,)), **TOL)
 
@@ -189,10 +191,9 @@ def test_grad_with_respect_to_one_of_two_linear_arguments(name, argnum):
     f = lambda x, y: jnp.sum(case.op()(x, y) ** 2)
     ref = lambda x, y: jnp.sum(case.ref(x, y) ** 2)
     args = case.args()
-    assert_tree_close(jax.grad(f, argnums=argnum)(*args), jax.grad(ref, argnums=argnum)(*args),
-                      **TOL)
-    assert_tree_close(jax.hessian(f, argnums=argnum)(*args),
-                      jax.hessian(ref, argnums=argnum)(*args), **TOL)
+    both = lambda g: jax.jit(lambda *a: (jax.grad(g, argnums=argnum)(*a),
+                                         jax.hessian(g, argnums=argnum)(*a)))
+    assert_tree_close(both(f)(*args), both(ref)(*args), **TOL)
 
 
 def test_fft_transpose_is_fft_itself():
