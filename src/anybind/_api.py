@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util
 
+from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
 
@@ -49,7 +50,7 @@ class Op:
         self._calls: dict = {}
         self._lock = threading.Lock()
         self._version = 0
-        self.last_host_error: Exception | None = None
+        self._host_errors: dict = {}  # see _hostcall.remember_host_error
         self.inplace = bool(out)
         if self.inplace and self.traced:
             raise TypeError(f"anybind op '{self.name}': out=True is for host functions that "
@@ -188,11 +189,10 @@ class Op:
         if any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
             outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
         else:  # eager: a failing host call surfaces as the HostError it raised
-            self.last_host_error = None
             try:
                 outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
-            except Exception:
-                err, self.last_host_error = self.last_host_error, None
+            except Exception as e:
+                err = pop_host_error(self, e)
                 if err is None:
                     raise
                 raise err from None

@@ -190,20 +190,23 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
     op, fam = call.op, call.op._family
     lay = Layout(role, call, len(operands))
     undefined = [isinstance(o, ad.UndefinedPrimal) for o in operands]
-    if role == "primal" and not op.linear and any(undefined) and op.linear_argnums:
+    linear_leaves = set()
+    if role == "primal" and not op.linear and op.linear_argnums:
         linear_leaves = call.leaves_of(op.linear_argnums)
-        if all(i in linear_leaves for i, u in enumerate(undefined) if u):
+        if any(undefined) and all(i in linear_leaves for i, u in enumerate(undefined) if u):
             return _transpose_partially_linear(fam, call, batch, cts, operands, undefined)
     for i in lay.nonlin:
-        if undefined[i]:
+        if undefined[i] and i not in linear_leaves:
             if i in lay.ks:
                 raise _keyword_error(call, i - lay.ks.start, role, "a transpose was asked")
+            declared = (f"it is declared linear in positional argument(s) {op.linear_argnums} "
+                        f"only" if op.linear_argnums else
+                        "declare linear=True for an op linear in all positional arguments, or "
+                        "linear=(i, ...) for one linear in some of them (given the others)")
             raise TypeError(
                 f"anybind op '{op.name}': the {role_name(role, call)} is not linear in "
                 f"positional input leaf {i - lay.xs.start}, but linear_transpose (or a "
-                f"transpose in reverse mode) treated it as linear. Declare linear=True for "
-                f"an op linear in all positional arguments, or linear=(i, ...) for one linear "
-                f"in some of them (given the others)")
+                f"transpose in reverse mode) treated it as linear; {declared}")
     und = [undefined[i] for i in lay.lin]
     present = tuple(type(c) is not ad.Zero for c in cts)
     res = [None] * len(operands)

@@ -44,6 +44,28 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
     return r
 
 
+def remember_host_error(op, err: HostError) -> None:
+    """Keep a failed call's HostError, keyed by its message, for an eager caller to re-raise.
+
+    The runtime error that reaches the caller carries the message, so each
+    caller finds its own error, whichever thread ran the callback.
+    """
+    with op._lock:
+        errors = op._host_errors
+        errors[str(err)] = err
+        while len(errors) > 64:  # errors of jitted calls are never collected by a caller
+            errors.pop(next(iter(errors)))
+
+
+def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
+    text = str(runtime_error)
+    with op._lock:
+        for msg in op._host_errors:
+            if msg in text:
+                return op._host_errors.pop(msg)
+    return None
+
+
 def _in_views(buffers) -> list:
     views = [np.asarray(b) for b in buffers]
     for v in views:
@@ -159,7 +181,7 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
             if not isinstance(e, HostError):
                 e = HostError(f"anybind op '{op_name}': the {role_name} raised "
                               f"{type(e).__name__}: {e}").with_traceback(e.__traceback__)
-            op.last_host_error = e  # an eager call re-raises it as itself (see Op.__call__)
+            remember_host_error(op, e)
             raise e
         return ()
 
