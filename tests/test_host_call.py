@@ -336,3 +336,28 @@ def test_redefining_a_rule_takes_effect_eagerly_and_under_jit():
     eager_t = jax.jvp(op, (x,), (np.ones(3),))[1]
     np.testing.assert_allclose(jit_t, 2 * np.ones(3))
     np.testing.assert_allclose(eager_t, 2 * np.ones(3))
+
+
+def test_eager_errors_reach_their_own_thread():
+    """Each thread's failing eager call raises its own error, not another thread's."""
+    def fn(x):
+        raise ValueError(f"bad input {int(x[0])}")
+
+    op = ab.bind(fn, shape=ab.like(0), name="per_thread_errors")
+    wrong, barrier = [], threading.Barrier(4)
+
+    def work(t):
+        barrier.wait()
+        for _ in range(50):
+            try:
+                op(np.full(3, float(t)))
+            except Exception as e:  # noqa: BLE001 - checked below
+                if f"bad input {t}" not in str(e):
+                    wrong.append((t, str(e)[-40:]))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
