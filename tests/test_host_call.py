@@ -361,3 +361,26 @@ def test_eager_errors_reach_their_own_thread():
     for t in threads:
         t.join()
     assert wrong == []
+
+
+@pytest.mark.parametrize("program", ["jit_grad_unused", "jit_grad", "jit_jvp_unused", "eager_grad"])
+def test_side_effect_runs_exactly_once_with_fwd_rule(program):
+    """Under reverse mode an op with def_fwd runs the fwd rule instead: still exactly once."""
+    calls = []
+
+    def fwd(x):
+        calls.append("fwd")
+        return 2 * x, x
+
+    op = ab.bind(lambda x: calls.append("fn") or 2 * x, shape=ab.like(0), has_side_effect=True,
+                 name="side_effect_fwd", jvp=lambda p, t: 2 * t[0])
+    op.def_fwd(fwd, residuals=lambda x: x)
+    op.def_bwd(lambda res, ct: (2 * ct,))
+    f = {
+        "jit_grad_unused": jax.jit(jax.grad(lambda x: (op(x), x.sum())[1])),
+        "jit_grad": jax.jit(jax.grad(lambda x: op(x).sum())),
+        "jit_jvp_unused": jax.jit(lambda x: jax.jvp(lambda x: (op(x), x)[1], (x,), (x,))),
+        "eager_grad": jax.grad(lambda x: (op(x), x.sum())[1]),
+    }[program]
+    jax.block_until_ready(f(randn(3)))
+    assert len(calls) == 1, calls
