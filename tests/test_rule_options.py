@@ -310,3 +310,26 @@ def test_linear_transpose_in_the_nonlinear_argument_is_an_error():
     theta, b = randn(3), randn(3, seed=1)
     with pytest.raises(TypeError, match=r"(?s)'partly_linear'.*not linear"):
         jax.linear_transpose(lambda t: op(t, b), theta)(b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_partly_linear_transposes_batch_and_transpose_back(mode):
+    op = ab.bind(lambda t, b: np.exp(t) * b, shape=ab.like(1), linear=(1,), vmap=mode,
+                 name=f"partly_linear_{mode}",
+                 jvp=lambda p, t: np.exp(p[0]) * (t[0] * p[1] + t[1]),
+                 vjp=lambda p, ct: (np.exp(p[0]) * p[1] * ct, np.exp(p[0]) * ct))
+    theta, b, y = randn(3), randn(3, seed=1), randn(3, seed=2)
+    thetas = np.stack([theta, -theta])
+    lt = lambda t: jax.linear_transpose(lambda b: op(t, b), b)
+    np.testing.assert_allclose(jax.vmap(lambda t: lt(t)(y)[0])(thetas), np.exp(thetas) * y, **TOL)
+    back = jax.linear_transpose(lambda c: lt(theta)(c)[0], y)(b)[0]
+    np.testing.assert_allclose(back, np.exp(theta) * b, **TOL)
+
+
+def test_traced_partly_linear_needs_no_rules():
+    op = ab.bind(lambda t, b: jnp.exp(t) * b, traced=True, linear=(1,), name="partly_traced")
+    theta, b, y = randn(3), randn(3, seed=1), randn(3, seed=2)
+    np.testing.assert_allclose(jax.linear_transpose(lambda b: op(theta, b), b)(y)[0],
+                               np.exp(theta) * y, **TOL)
+    np.testing.assert_allclose(jax.hessian(lambda t: op(t, b).sum())(theta),
+                               np.diag(np.exp(theta) * b), **TOL)
