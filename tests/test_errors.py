@@ -298,3 +298,20 @@ def test_bind_rejects_bad_arguments():
 def test_positional_argument_that_is_not_an_array():
     op = ab.bind(np.sin, shape=ab.like(0), name="takes_arrays")
     _raises(TypeError, r"(?s)'takes_arrays'.*positional.*str", op, "abc")
+
+
+@pytest.mark.parametrize("value,dtype", [(2.7, np.int32), (2.7, np.bool_), (1 + 2j, np.float64),
+                                         (np.float64(1e300), np.float32), (300, np.uint8)],
+                         ids=["float->int32", "float->bool", "complex->float64",
+                              "np.float64->float32", "int->uint8"])
+def test_python_scalar_results_are_not_cast_lossily(value, dtype):
+    """A returned scalar that does not fit the declared dtype is an error naming the op."""
+    op = ab.bind(lambda x: value, shape=jax.ShapeDtypeStruct((), dtype), name="lossy_scalar")
+    _raises(Exception, r"(?s)'lossy_scalar'.*output 0.*" + np.dtype(dtype).name, op, 1.0)
+
+
+def test_python_scalar_results_that_fit_are_accepted():
+    for value, dtype in [(1, np.float64), (2.0, np.float32), (True, np.bool_), (3, np.int8)]:
+        op = ab.bind(lambda x: value, shape=jax.ShapeDtypeStruct((), dtype), name="exact_scalar")
+        out = op(1.0)
+        assert out.dtype == dtype and out == value
