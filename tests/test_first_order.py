@@ -282,3 +282,27 @@ def test_complex_derivatives_follow_jax_convention(which, dtype):
 def test_complex_jvp_against_differences():
     op, _ = _complex_ops()["nonholo"]
     check_jvp_fd(op, randn(3, np.complex128), randn(3, np.complex128, seed=1))
+
+
+def test_op_with_only_integer_outputs_needs_no_rules():
+    """Integer outputs are not differentiable: differentiating through them needs no rule."""
+    argsort = ab.bind(lambda x: np.argsort(x, axis=-1, kind="stable"), name="argsort_only",
+                      shape=lambda x: jax.ShapeDtypeStruct(x.shape, np.int64))
+    f = lambda x: jnp.sum(jnp.take_along_axis(x, argsort(x), -1) * jnp.arange(5.0))
+    ref = lambda x: jnp.sum(jnp.sort(x) * jnp.arange(5.0))
+    x = randn(5)
+    assert_tree_close(jax.grad(f)(x), jax.grad(ref)(x), rtol=RTOL)
+    assert_tree_close(jax.jvp(f, (x,), (x,)), jax.jvp(ref, (x,), (x,)), rtol=RTOL)
+    xs = np.stack([x, -x])
+    assert_tree_close(jax.vmap(jax.grad(f))(xs), jax.vmap(jax.grad(ref))(xs), rtol=RTOL)
+
+
+def test_op_with_no_outputs_needs_no_rules():
+    """A logging op (no outputs, side effect) inside a differentiated function."""
+    logged = []
+    log = ab.bind(lambda x: logged.append(float(np.sum(x))) or (), shape=(),
+                  has_side_effect=True, name="log_only")
+    f = lambda x: (log(x), jnp.sum(2 * x))[1]
+    np.testing.assert_allclose(jax.grad(f)(randn(3)), 2 * np.ones(3))
+    np.testing.assert_allclose(jax.jvp(f, (randn(3),), (np.ones(3),))[1], 6.0)
+    assert len(logged) == 2
