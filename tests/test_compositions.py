@@ -158,3 +158,16 @@ def test_ops_compose_with_each_other():
     assert_tree_close(jax.jit(jax.vmap(jax.grad(f)))(xs), jax.vmap(jax.grad(ref))(xs), **TOL)
     gv = lambda g: jax.jit(jax.grad(lambda xs: jax.vmap(g)(xs).sum()))
     assert_tree_close(gv(f)(xs), gv(ref)(xs), **TOL)
+
+
+@pytest.mark.parametrize("mode", VMAP_MODES)
+def test_grad_with_respect_to_an_unbatched_argument_of_vmap(mode):
+    """x2 is shared by every row: its cotangent sums the rows' (rules see it unbatched)."""
+    case = CASES["mul"]
+    op = case.make(mode)
+    x1s, x2 = randn((4, 3)), randn(3, seed=1)
+    t = lambda f: jax.jit(jax.grad(lambda x1s, x2: jnp.sum(
+        jnp.sin(jax.vmap(f, in_axes=(0, None))(x1s, x2))), argnums=(0, 1)))
+    assert_tree_close(t(op)(x1s, x2), t(case.ref)(x1s, x2), **TOL)
+    j = lambda f: jax.jit(jax.jacfwd(lambda x2: jax.vmap(f, in_axes=(0, None))(x1s, x2)))
+    assert_tree_close(j(op)(x2), j(case.ref)(x2), **TOL)
