@@ -198,3 +198,17 @@ def test_linear_op_in_low_precision(dtype):
     h = jax.jit(jax.hessian(lambda x: jnp.sum(jnp.abs(op(x.astype(dtype))) ** 2)))(
         randn(4, np.float32 if dtype != np.float16 else np.float16))
     np.testing.assert_allclose(h, 18 * np.eye(4), rtol=TOLS[dtype])
+
+
+@pytest.mark.parametrize("name", ["mul", "sin", "matvec", "fft", "tree", "scale"])
+def test_every_op_with_x64_off(name):
+    """Inputs made in float64/complex128 arrive in 32 bits; vmap(grad) matches the reference."""
+    from ops import CASES
+    case = CASES[name]
+    loss = lambda g: (lambda *a: sum(jnp.sum(jnp.abs(o) ** 2) for o in jax.tree.leaves(g(*a))))
+    with jax.enable_x64(False):
+        args = jax.tree.map(jnp.asarray, case.batched_args())
+        t = lambda g: jax.jit(jax.vmap(jax.grad(loss(g))))
+        got, want = t(case.op("vectorized"))(*args), t(case.reference())(*args)
+        assert_tree_close(got, want, rtol=2e-5, atol=2e-5)
+        assert all(l.dtype in (np.float32, np.complex64) for l in jax.tree.leaves(got))
