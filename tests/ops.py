@@ -363,3 +363,28 @@ LINEAR_CASES = {c.name: c for c in [
     Case("axpy_traced_no_transpose", lambda m: axpy(m, traced=True, with_transpose=False),
          axpy_ref, lambda: (_rn(4, seed=12), _rn(4, seed=13))),
 ]}
+
+
+# ------------------------------------------------------- two-output linear map
+
+def split_ref(x, y):
+    return x + y, 2 * jnp.roll(x, 1, axis=-1)
+
+
+@functools.cache
+def split(mode: str = "vectorized"):
+    """(x, y) ↦ (x + y, 2·roll(x, 1)): linear, two inputs and two outputs."""
+    op = ab.bind(lambda x, y: (x + y, 2 * np.roll(x, 1, axis=-1)), shape=lambda x, y: (x, x),
+                 linear=True, vmap=_mode(mode), name=f"split_{mode}",
+                 transpose=lambda ct: (ct[0] + 2 * np.roll(ct[1], -1, axis=-1), ct[0]))
+    if mode == "rule":
+        def rule(axis_size, in_batched, x, y):
+            x = x if in_batched[0] else x[None]
+            y = y if in_batched[1] else y[None]
+            return tuple(np.broadcast_to(o, (axis_size,) + o.shape[1:])
+                         for o in (x + y, 2 * np.roll(x, 1, axis=-1))), True
+        op.def_vmap(rule)
+    return op
+
+
+LINEAR_CASES["split"] = Case("split", split, split_ref, lambda: (_rn(4, seed=14), _rn(4, seed=15)))
