@@ -40,12 +40,12 @@ def test_docstring_examples_run():
 X = np.linspace(0.4, 3.7, 6)
 
 
-def _nth(f, n):
-    """x ↦ dⁿf/dxⁿ elementwise, by nested grad (vmapped)."""
-    g = f
+def _derivatives(f, n):
+    """x ↦ [f, f', …, f⁽ⁿ⁾] elementwise by nested grad (vmapped), in one compiled program."""
+    gs = [f]
     for _ in range(n):
-        g = jax.grad(g)
-    return jax.jit(jax.vmap(g))
+        gs.append(jax.grad(gs[-1]))
+    return jax.jit(lambda *a: [jax.vmap(g)(*a) for g in gs])
 
 
 # (op, keywords, reference k-th derivative at X)
@@ -58,9 +58,8 @@ POLYGAMMA_FAMILY = [
 
 @pytest.mark.parametrize("op,kw,ref", POLYGAMMA_FAMILY, ids=["gammaln", "digamma", "polygamma"])
 def test_polygamma_family_to_third_order(op, kw, ref):
-    f = lambda x: op(x, **kw)                                          # noqa: E731
-    for k in range(4):
-        assert_close(_nth(f, k)(X), ref(k), rtol=1e-12, atol=1e-12)
+    got = _derivatives(lambda x: op(x, **kw), 3)(X)
+    assert_close(got, [ref(k) for k in range(4)], rtol=1e-12, atol=1e-12)
 
 
 def _erfcx_derivatives(x, n):
@@ -74,9 +73,9 @@ def _erfcx_derivatives(x, n):
 
 def test_erfcx_to_third_order_and_finite_differences():
     x = np.linspace(-1.5, 4.0, 6)
-    for k in range(4):
-        assert_close(_nth(sj.erfcx, k)(x), _erfcx_derivatives(x, k), rtol=1e-11, atol=1e-12)
-    check_first_order(sj.erfcx, (x,))
+    assert_close(_derivatives(sj.erfcx, 3)(x), [_erfcx_derivatives(x, k) for k in range(4)],
+                 rtol=1e-11, atol=1e-12)
+    check_first_order(jax.jit(sj.erfcx), (x,))
 
 
 BESSEL = [(sj.jv, special.jvp), (sj.yv, special.yvp), (sj.iv, special.ivp),
@@ -85,15 +84,15 @@ BESSEL = [(sj.jv, special.jvp), (sj.yv, special.yvp), (sj.iv, special.ivp),
 
 @pytest.mark.parametrize("op,deriv", BESSEL, ids=["jv", "yv", "iv", "kv"])
 def test_bessel_to_third_order_against_scipy(op, deriv):
-    for v in (0.0, 1.5, -0.7):
-        f = lambda x: op(x, v=v)                                       # noqa: E731
-        for k in range(4):
-            want = deriv(v, X, k) if k else getattr(special, op.name[len("scipy_"):])(v, X)
-            assert_close(_nth(f, k)(X), want, rtol=1e-10, atol=1e-12)
-    v = np.array([0.0, 0.5, 1.0, 2.5, 3.0, -0.3])             # an array order, per point
-    assert_close(_nth(lambda x, v: op(x, v=v), 1)(X, v), deriv(v, X, 1), rtol=1e-10,
+    value = getattr(special, op.name[len("scipy_"):])
+    want = lambda v: [value(v, X)] + [deriv(v, X, k) for k in (1, 2, 3)]   # noqa: E731
+    # a static order (a number: v ± 1 are static too), then an array of orders per point
+    # that holds the integer, half-integer and negative orders (one compilation each)
+    assert_close(_derivatives(lambda x: op(x, v=1.5), 3)(X), want(1.5), rtol=1e-10, atol=1e-12)
+    v = np.array([0.0, 0.5, 1.5, 2.5, 3.0, -0.7])
+    assert_close(_derivatives(lambda x, v: op(x, v=v), 3)(X, v), want(v), rtol=1e-10,
                  atol=1e-12)
-    check_first_order(lambda x: op(x, v=v), (X,))
+    check_first_order(jax.jit(lambda x: op(x, v=v)), (X,))
 
 
 def test_bessel_order_array_broadcasts_and_batches():
@@ -101,14 +100,14 @@ def test_bessel_order_array_broadcasts_and_batches():
     out = sj.jv(X, v=v)
     assert out.shape == (3, 6)
     assert_close(out, special.jv(v, X))
-    jac = jax.jacfwd(lambda x: sj.jv(x, v=v))(X)              # (3, 6, 6), diagonal in x
+    jac = jax.jit(jax.jacfwd(lambda x: sj.jv(x, v=v)))(X)     # (3, 6, 6), diagonal in x
     assert_close(jnp.einsum("ijj->ij", jac), special.jvp(v, X))
     vs = np.array([0.5, 1.5, 2.0])
     assert_close(jax.vmap(lambda v: sj.iv(X, v=v))(vs), special.iv(vs[:, None], X))
     assert_close(jax.vmap(lambda x, v: sj.kv(x, v=v))(X, X - 1), special.kv(X - 1, X))
     assert_close(jax.vmap(lambda x: sj.yv(x, v=v))(np.stack([X, X + 1])),
                  np.stack([special.yv(v, X), special.yv(v, X + 1)]))
-    grads = jax.vmap(jax.grad(lambda x, v: sj.jv(x, v=v)), in_axes=(0, None))(X, 1.5)
+    grads = jax.jit(jax.vmap(jax.grad(lambda x, v: sj.jv(x, v=v)), in_axes=(0, None)))(X, 1.5)
     assert_close(grads, special.jvp(1.5, X))
 
 
@@ -151,9 +150,24 @@ def _dense(data, a):
     return jnp.zeros(a.shape, data.dtype).at[coo.row, coo.col].set(data)
 
 
-@pytest.mark.parametrize("fmt", ["csr", "csc"])
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize("rhs", [(6,), (6, 2)])
+def _host_dense(data, a):
+    """The same dense matrix built on the host by scipy, for expected values."""
+    return type(a)((np.asarray(data), a.indices, a.indptr), shape=a.shape).toarray()
+
+
+def _jvp_and_vjp(fs, args, dargs, ybar):
+    """[(f(*args), its jvp along dargs, its vjp of ybar) for each f], in one compiled program."""
+    def run(args, dargs, ybar):
+        return [jax.jvp(f, args, dargs) + (jax.vjp(f, *args)[1](ybar),) for f in fs]
+    return jax.jit(run)(args, dargs, ybar)
+
+
+# every pair of (format, dtype, right-hand side shape) occurs once
+SPSOLVE_CASES = [("csr", np.float64, (6,)), ("csr", np.complex128, (6, 2)),
+                 ("csc", np.float64, (6, 2)), ("csc", np.complex128, (6,))]
+
+
+@pytest.mark.parametrize("fmt,dtype,rhs", SPSOLVE_CASES)
 def test_spsolve_matches_dense_solve_with_derivatives(fmt, dtype, rhs):
     data, kw, a = _system(dtype=dtype, fmt=fmt)
     b = randn(rhs, dtype, seed=1)
@@ -161,22 +175,55 @@ def test_spsolve_matches_dense_solve_with_derivatives(fmt, dtype, rhs):
     ref = lambda d, b: jnp.linalg.solve(_dense(d, a), b)          # noqa: E731
     assert_close(_dense(data, a), a.toarray())
     assert_close(f(data, b), np.linalg.solve(a.toarray(), b))
-    dd, db = randn(data.shape, dtype, seed=2), randn(rhs, dtype, seed=3)
-    assert_close(jax.jvp(f, (data, b), (dd, db))[1], jax.jvp(ref, (data, b), (dd, db))[1])
+    dargs = (randn(data.shape, dtype, seed=2), randn(rhs, dtype, seed=3))
     xbar = randn(rhs, dtype, seed=4)
-    assert_close(jax.vjp(f, data, b)[1](xbar), jax.vjp(ref, data, b)[1](xbar))
-    check_first_order(f, (data, b))
+    ours, want = _jvp_and_vjp([f, ref], (data, b), dargs, xbar)
+    assert_close(ours, want)
+    check_first_order(jax.jit(f), (data, b))
 
 
-def test_spsolve_is_linear_in_b_with_the_transposed_solve():
-    data, kw, a = _system()
-    b, c = randn((6,), seed=1), randn((6,), seed=3)
+@pytest.mark.parametrize("fmt,dtype,rhs", SPSOLVE_CASES[1:3])
+def test_spsolve_is_linear_in_b_and_transposes_into_the_transposed_solve(fmt, dtype, rhs):
+    assert sj.spsolve.linear is False and sj.spsolve.linear_argnums == (1,)
+    data, kw, a = _system(dtype=dtype, fmt=fmt)
+    b, c = randn(rhs, dtype, seed=1), randn(rhs, dtype, seed=3)
     solve = lambda b: sj.spsolve(data, b, **kw)                        # noqa: E731
     assert_close(solve(2.0 * b - 3.0 * c), 2.0 * solve(b) - 3.0 * solve(c))
-    xbar = randn((6,), seed=2)
-    (bbar,) = jax.vjp(solve, b)[1](xbar)
-    assert_close(bbar, np.linalg.solve(a.toarray().T, xbar))
+    xbar = randn(rhs, dtype, seed=2)
+    (bbar,) = jax.linear_transpose(solve, b)(xbar)
+    assert_close(bbar, np.linalg.solve(a.toarray().T, xbar))      # Aᵀ, not Aᴴ (JAX's pairing)
     np.testing.assert_allclose(tree_inner(bbar, b), tree_inner(xbar, solve(b)), rtol=1e-12)
+    (bbar_jit,) = jax.jit(jax.linear_transpose(solve, b))(xbar)
+    assert_close(bbar_jit, bbar)
+
+
+def test_spsolve_transpose_in_b_under_vmap():
+    data, kw, a = _system()
+    b = randn((6,), seed=1)
+    xbars = randn((4, 6), seed=2)
+    datas = data + 0.1 * randn((4,) + data.shape, seed=6)
+
+    def transposed(d, xbar):
+        return jax.linear_transpose(lambda b: sj.spsolve(d, b, **kw), b)(xbar)[0]
+
+    # one matrix, a batch of cotangents: one host call (one factorisation)
+    shared = jax.jit(jax.vmap(transposed, (None, 0)))
+    assert shared.lower(data, xbars).as_text().count("xla_buffer_python_cpu_callback") == 1
+    assert_close(shared(data, xbars), np.linalg.solve(a.toarray().T, xbars.T).T)
+    # a batch of matrices and of cotangents
+    want = [np.linalg.solve(_host_dense(d, a).T, x) for d, x in zip(datas, xbars)]
+    assert_close(jax.vmap(transposed)(datas, xbars), np.stack(want))
+
+
+def test_spsolve_linear_transpose_in_the_matrix_raises():
+    data, kw, _ = _system()
+    b = randn((6,), seed=1)
+    message = (r"scipy_spsolve.*not linear in positional input leaf 0.*"
+               r"declared linear in .*\(1,\) only")
+    with pytest.raises(TypeError, match=message):
+        jax.linear_transpose(lambda d: sj.spsolve(d, b, **kw), data)(b)
+    with pytest.raises(TypeError, match=message):                       # jointly in both
+        jax.linear_transpose(lambda d, b: sj.spsolve(d, b, **kw), data, b)(b)
 
 
 def test_spsolve_second_order_and_vmap():
@@ -191,13 +238,14 @@ def test_spsolve_second_order_and_vmap():
     solve = lambda d, b: sj.spsolve(d, b, **kw)                         # noqa: E731
     for in_axes, d, bb in (((None, 0), data, bs), ((0, None), datas, b), ((0, 0), datas, bs)):
         got = jax.vmap(solve, in_axes)(d, bb)
-        want = [np.linalg.solve(_dense(d[i] if in_axes[0] == 0 else d, a),
+        want = [np.linalg.solve(_host_dense(d[i] if in_axes[0] == 0 else d, a),
                                 bb[i] if in_axes[1] == 0 else bb) for i in range(4)]
         assert_close(got, np.stack(want))
     lowered = jax.jit(jax.vmap(solve, (None, 0))).lower(data, bs)
     assert lowered.as_text().count("xla_buffer_python_cpu_callback") == 1
     g = jax.jit(jax.vmap(jax.grad(loss), (0, None)))(datas, b)
-    assert_close(g, jax.vmap(jax.grad(ref), (0, None))(datas, b), rtol=1e-10, atol=1e-12)
+    assert_close(g, jax.jit(jax.vmap(jax.grad(ref), (0, None)))(datas, b), rtol=1e-10,
+                 atol=1e-12)
 
 
 def test_spsolve_errors_name_the_op_and_argument():

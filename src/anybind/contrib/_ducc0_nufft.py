@@ -6,8 +6,9 @@ integer frequencies of the uniform grid,
   type 1, ``nu2u``:  f_k = Σ_j c_j exp(α·k·x_j)      (points ↦ grid)
   type 2, ``u2nu``:  y_j = Σ_k g_k exp(α·k·x_j)      (grid ↦ points)
 
-Both are linear in the values and nonlinear in the points x. Their
-derivatives are NUFFTs again, of k-weighted data:
+Both are linear in the values and nonlinear in the points x; they are bound
+with ``linear=(0,)``, so ``jax.linear_transpose`` in the values works (given
+the points). Their derivatives are NUFFTs again, of k-weighted data:
 
   ∂nu2u·(ċ, ẋ) = nu2u(ċ) + Σ_d α_d k_d ⊙ nu2u(c ⊙ ẋ_d)
   ∂u2nu·(ġ, ẋ) = u2nu(ġ) + Σ_d α_d ẋ_d ⊙ u2nu(k_d ⊙ g)
@@ -159,10 +160,10 @@ def _example(kind: str):
     return (r.normal(size=(4, 5)) + 1j * r.normal(size=(4, 5)), coord), {"forward": False}
 
 
-nu2u = ab.bind(_nu2u_fn, shape=_nu2u_spec, vmap=_vmap_points(_nu2u_fn), name="ducc0_nu2u",
-               examples=lambda: _example("nu2u"))
-u2nu = ab.bind(_u2nu_fn, shape=_u2nu_spec, vmap=_vmap_points(_u2nu_fn), name="ducc0_u2nu",
-               examples=lambda: _example("u2nu"))
+nu2u = ab.bind(_nu2u_fn, shape=_nu2u_spec, linear=(0,), vmap=_vmap_points(_nu2u_fn),
+               name="ducc0_nu2u", examples=lambda: _example("nu2u"))
+u2nu = ab.bind(_u2nu_fn, shape=_u2nu_spec, linear=(0,), vmap=_vmap_points(_u2nu_fn),
+               name="ducc0_u2nu", examples=lambda: _example("u2nu"))
 
 
 # ----------------------------------------------------------------------- rules
@@ -252,7 +253,8 @@ nu2u.__doc__ = """Type 1 NUFFT (non-uniform points ↦ uniform grid), ducc0.nuff
 periodicity=2π, fft_order=False)``: ``values`` complex (..., M) at points
 ``coord`` (M, D) of the same precision; returns (..., *n_modes). ``epsilon``
 defaults to 1e-10 (double) or 1e-5 (single). Differentiable in both arguments
-to every order (linear in ``values``).
+to every order; linear in ``values``, where ``jax.linear_transpose`` gives
+``u2nu`` with the same sign.
 
 >>> import numpy as np
 >>> from anybind.contrib.ducc0 import nu2u
@@ -266,7 +268,8 @@ u2nu.__doc__ = """Type 2 NUFFT (uniform grid ↦ non-uniform points), ducc0.nuff
 ``u2nu(grid, coord, *, forward=True, epsilon=None, nthreads=1, periodicity=2π,
 fft_order=False)``: ``grid`` complex (..., *modes), D = coord.shape[1] trailing
 axes; ``coord`` (M, D); returns (..., M). Differentiable in both arguments to
-every order (linear in ``grid``).
+every order; linear in ``grid``, where ``jax.linear_transpose`` gives ``nu2u``
+with the same sign.
 
 >>> import numpy as np
 >>> from anybind.contrib.ducc0 import u2nu

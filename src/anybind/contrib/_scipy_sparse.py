@@ -11,6 +11,8 @@ flipped. With Ȧ the matrix of the tangent values ḋ (same sparsity):
 
 Both rules are JAX code calling ``spsolve`` again (x is recomputed, one extra
 solve), so derivatives of every order follow. ``b`` may be (n,) or (n, k).
+The op is linear in b given the matrix (``linear=(1,)``), so
+``jax.linear_transpose`` in b works: it is the transposed solve b̄ = A⁻ᵀ·x̄.
 Under ``vmap`` with one matrix, A is factorised once and all right-hand sides
 are solved together; a batch of matrices loops in one host call.
 """
@@ -87,14 +89,28 @@ def _example():
             {"indices": a.indices.astype(np.int32), "indptr": a.indptr.astype(np.int32)})
 
 
-spsolve = ab.bind(_spsolve_fn, shape=_spec, vmap=_vmap_solve, name="scipy_spsolve",
-                  examples=_example)
+spsolve = ab.bind(_spsolve_fn, shape=_spec, linear=(1,), vmap=_vmap_solve,
+                  name="scipy_spsolve", examples=_example)
+
+
+def _compressed_index_fn(indices, indptr):
+    """Host function: the row (CSR) or column (CSC) of every stored value.
+
+    An integer function of the sparsity pattern, so it needs no derivatives; on
+    the host it is one call in the rules' programs, where a search over indptr
+    in JAX is a loop that makes every derivative program slower to compile.
+    """
+    return np.repeat(np.arange(indptr.shape[0] - 1, dtype=indptr.dtype), np.diff(indptr))
+
+
+_compressed_index = ab.bind(
+    _compressed_index_fn, name="scipy_spsolve_compressed_index",
+    shape=lambda indices, indptr: jax.ShapeDtypeStruct(indices.shape, indptr.dtype))
 
 
 def _rows_cols(indices, indptr, format: str):
     """Row and column of every stored value."""
-    ptr = jnp.searchsorted(indptr, jnp.arange(indices.shape[0], dtype=indptr.dtype),
-                           side="right") - 1
+    ptr = _compressed_index(indices, indptr)
     return (ptr, indices) if format == "csr" else (indices, ptr)
 
 
@@ -140,7 +156,9 @@ spsolve.__doc__ = """Sparse linear solve x = A⁻¹b (scipy.sparse.linalg.splu),
 ``spsolve(data, b, *, indices, indptr, format="csr")``: A square, given by
 its stored values ``data`` (differentiable) and the integer arrays
 ``indices``, ``indptr`` of a CSR or CSC matrix; ``b`` (n,) or (n, k) with
-data's dtype (real or complex). Derivatives of every order in data and b.
+data's dtype (real or complex). Derivatives of every order in data and b;
+linear in b (``linear=(1,)``), so ``jax.linear_transpose`` in b gives the
+transposed solve A⁻ᵀ·x̄ (no conjugation, JAX's convention).
 
 >>> import numpy as np, scipy.sparse
 >>> from anybind.contrib.scipy import spsolve

@@ -9,7 +9,8 @@ op                             maps                                        deriv
 c2c, r2c, c2r, hartley         ducc0.fft over ``axes``                      linear, any order
 healpix_synthesis / _adjoint   packed real a_lm ↔ HEALPix maps              linear, any order
 nu2u, u2nu                     NUFFT type 1 / type 2                        values and points,
-                                                                            any order
+                                                                            any order; linear
+                                                                            in the values
 dirty2vis, vis2dirty           image ↔ visibilities (wgridder)              linear, any order
 =============================  ==========================================  ===============
 
