@@ -43,7 +43,8 @@ def test_host_vjp_only_cannot_do_forward_mode():
     op = ab.bind(np.sin, shape=ab.like(0), name="vjp_only",
                  vjp=lambda p, ct: (np.cos(p[0]) * ct,))
     np.testing.assert_allclose(jax.grad(lambda x: op(x).sum())(X), np.cos(X))
-    for f in (lambda x: jax.jvp(op, (x,), (x,)), jax.jacfwd(op), jax.hessian(lambda x: op(x).sum())):
+    for f in (lambda x: jax.jvp(op, (x,), (x,)), jax.jacfwd(op),
+              jax.hessian(lambda x: op(x).sum())):
         _raises(ab.MissingRuleError, r"(?s)'vjp_only'.*jvp.*def_jvp", f, X)
 
 
