@@ -153,11 +153,7 @@ def _counting(has_side_effect: bool, **kw):
     return op, calls
 
 
-SIDE_EFFECT_PROGRAMS = {  # (program, calls it must make with has_side_effect=True)
-    "eager": (lambda op, x: op(x), 1),
-    "jit": (jax.jit(lambda x, op=None: x), None),  # placeholder, replaced below
-}
-SIDE_EFFECT_PROGRAMS = {
+SIDE_EFFECT_PROGRAMS = {  # (program of the op, calls it must make with has_side_effect=True)
     "eager": (lambda op: op, 1),
     "jit": (lambda op: jax.jit(op), 1),
     "jit_unused": (lambda op: jax.jit(lambda x: (op(x), x)[1]), 1),

@@ -199,10 +199,8 @@ def test_vmap_rule_gets_axis_size_and_in_batched(traced):
         w = w if in_batched.kwargs["w"] else w[None]
         return xp.broadcast_to(x * w + k, (axis_size,) + x.shape[1:]), True
 
-    op = ab.bind((lambda x, *, w, k: x * w + k), shape=ab.like(0), traced=traced,
-                 vmap=rule, name=f"ruled_{traced}")
-    if not traced:
-        op = ab.bind(lambda x, *, w, k: x * w + k, shape=ab.like(0), vmap=rule, name="ruled")
+    op = ab.bind(lambda x, *, w, k: x * w + k, shape=ab.like(0), traced=traced, vmap=rule,
+                 name=f"ruled_{traced}")
     x, w = randn((5, 3)), randn(3, seed=1)
     out = jax.vmap(lambda x: op(x, w=w, k=2.0))(x)
     np.testing.assert_allclose(out, x * w + 2.0, rtol=1e-12)
