@@ -66,7 +66,7 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None)
             raise _keyword_error(call, k, role, "a tangent flows into it")
     sel = [i for i in range(len(primals)) if i not in lay.ks and _nonzero(tangents[i])]
     out_float = [is_float(o.aval) for o in outs]
-    if not sel:
+    if not sel or not any(out_float):  # nothing to differentiate: no rule is needed
         return outs, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
     if role == "primal" and not call.op.linear:
         core = _primal_tangent(fam, call, tuple(i in sel for i in range(call.n_in)))

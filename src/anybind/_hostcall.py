@@ -29,11 +29,22 @@ class HostError(RuntimeError):
 
 def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool) -> np.ndarray:
     """Check one returned value against the declared aval; never cast or broadcast silently."""
-    if isinstance(r, _SCALARS):
-        r = np.asarray(r, dtype=aval.dtype)
-    elif r is None:
+    if r is None:
         raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
                         f"{np.dtype(aval.dtype).name}{list(shape)}")
+    if isinstance(r, _SCALARS) and not isinstance(r, np.generic):
+        # A Python number has no dtype of its own: take it if it converts exactly.
+        try:
+            v = np.asarray(r, dtype=aval.dtype)
+            exact = bool(v == r)
+        except (TypeError, ValueError, OverflowError):
+            exact = False
+        if not exact:
+            raise HostError(
+                f"anybind op '{call.op.name}': {what} is the Python {type(r).__name__} {r!r}, "
+                f"which {np.dtype(aval.dtype).name} cannot hold exactly; declared shape "
+                f"{shape} and dtype {np.dtype(aval.dtype).name}")
+        r = v
     else:
         r = np.asarray(r)
     ok_shape = r.shape == shape or (allow_lead_one and r.shape == (1,) + shape[1:])

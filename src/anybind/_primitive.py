@@ -88,7 +88,8 @@ def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need
     del avals
     lead = () if batch is None else (batch.size,)
     outs = [ShapedArray(lead + a.shape, a.dtype) for a in out_avals(role, call, lin, need)]
-    effs = {HOST_EFFECT} if role == "primal" and call.op.has_side_effect else effects.no_effects
+    effectful = role in ("primal", "fwd") and call.op.has_side_effect
+    effs = {HOST_EFFECT} if effectful else effects.no_effects
     return outs, effs
 
 
@@ -112,7 +113,7 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
             inplace=role == "primal" and op.inplace and rule is not op.vmap_rule)
         return _hostcall.lower_host(
             ctx, *args, runner=runner, call=call, role_name=name,
-            has_side_effect=role == "primal" and op.has_side_effect)
+            has_side_effect=role in ("primal", "fwd") and op.has_side_effect)
     if rule is op.vmap_rule:
         fn = _traced_vmap_rule(call, rule, batch)
     else:
