@@ -193,3 +193,16 @@ def test_host_function_called_once_per_eager_call():
     assert calls == [(3,)]
     jax.jit(op)(randn(3))
     assert calls == [(3,), (3,)]
+
+
+def test_under_disable_jit():
+    """With jit disabled every primitive runs op by op, derivatives and vmap included."""
+    case = CASES["mul"]
+    args = case.args()
+    with jax.disable_jit():
+        assert_tree_close(jax.jit(case.op())(*args), case.reference()(*args))
+        g = jax.grad(lambda a, b: case.op()(a, b).sum(), argnums=(0, 1))(*args)
+        xs = np.stack([args[0], args[1]])
+        v = jax.vmap(case.op())(xs, xs)
+    assert_tree_close(g, jax.grad(lambda a, b: case.ref(a, b).sum(), argnums=(0, 1))(*args))
+    assert_tree_close(v, case.ref(xs, xs))
