@@ -221,7 +221,7 @@ def _jvp_and_vjp(fs, args, dargs, ybar):
 
 
 @pytest.mark.parametrize("modes,kw", NUFFT_CASES)
-def test_nufft_values_and_first_derivatives_match_direct_sums(modes, kw):
+def test_nufft_values_derivatives_and_transposes_match_direct_sums(modes, kw):
     r = np.random.default_rng(5)
     m, d = 9, len(modes)
     x = r.uniform(-3.0, 3.0, size=(m, d))
