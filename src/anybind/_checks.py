@@ -13,7 +13,6 @@ leaves; ẋ are tangents, ȳ cotangents, and ⟨a, b⟩ = Re Σ a·b.
 """
 from __future__ import annotations
 
-from typing import Callable
 
 import jax
 import jax.numpy as jnp

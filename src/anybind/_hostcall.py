@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
-from jax.interpreters import mlir
 import jax.ffi
 
 from . import _impls

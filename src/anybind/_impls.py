@@ -33,7 +33,7 @@ import numpy as np
 
 from jax import tree_util
 
-from ._spec import Call, InBatched, is_float
+from ._spec import Call, InBatched
 
 ROLE_NAMES = {"primal": "function", "fwd": "fwd rule", "jvp": "jvp rule", "vjp": "vjp rule",
               "bwd": "bwd rule", "transpose": "transpose rule", "vmap": "vmap rule"}

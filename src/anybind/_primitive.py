@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from typing import Callable
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jcore

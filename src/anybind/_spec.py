@@ -14,7 +14,6 @@ from typing import Any, Callable
 import jax
 import numpy as np
 from jax import tree_util
-from jax.extend import core as jcore
 from jax.core import ShapedArray
 
 from jax._src import dtypes as _dtypes
