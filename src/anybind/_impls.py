@@ -54,19 +54,20 @@ def _filler(mask, avals, floats, xp, lead, symbolic: bool) -> Callable[[Sequence
         return list
     slots = [i for i, m in enumerate(mask) if m]
     if xp is not np:  # traced: make the zeros inside the trace
-        return lambda present: _fill_traced(mask, present, avals, floats, xp, lead, symbolic)
+        return lambda present: fill(mask, present, avals, floats, xp, lead, symbolic)
     base = [None if m or not f or symbolic else _zeros(xp, lead, a)
             for m, a, f in zip(mask, avals, floats)]
 
-    def fill(present):
+    def spread(present):
         out = list(base)
         for i, p in zip(slots, present):
             out[i] = p
         return out
-    return fill
+    return spread
 
 
-def _fill_traced(mask, present, avals, floats, xp, lead, symbolic):
+def fill(mask, present, avals, floats, xp, lead, symbolic: bool) -> list:
+    """``present`` spread over positions where ``mask``; zeros or None elsewhere."""
     it = iter(present)
     return [next(it) if m else (_zeros(xp, lead, a) if f and not symbolic else None)
             for m, a, f in zip(mask, avals, floats)]

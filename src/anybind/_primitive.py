@@ -94,26 +94,24 @@ def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need
 
 def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
     op = call.op
-    rule = rule_of(role, call)
-    if batch is not None and role == "primal" and isinstance(op.vmap_rule, Rule):
-        rule, mode = op.vmap_rule, op.vmap_rule
-    else:
-        mode = op.vmap if isinstance(op.vmap, str) else "sequential"
+    # A vmap rule replaces the batched primal; derived roles batch by the op's mode.
+    by_vmap_rule = batch is not None and role == "primal" and op.vmap_rule is not None
+    rule = op.vmap_rule if by_vmap_rule else rule_of(role, call)
     if rule is None:
         raise MissingRuleError(missing_rule_message(role, op))
     avals = out_avals(role, call, lin, need)
     names = out_names(role, call, need)
-    name = "vmap rule" if rule is op.vmap_rule else role_name(role, call)
+    name = "vmap rule" if by_vmap_rule else role_name(role, call)
     if not rule.traced:
         runner = _hostcall.make_host_runner(
             call, name,
             lambda lead: make_run(role, call, rule, lin, need, np, lead),
-            avals, names, batch, mode,
-            inplace=role == "primal" and op.inplace and rule is not op.vmap_rule)
+            avals, names, batch, rule if by_vmap_rule else op.vmap,
+            inplace=role == "primal" and op.inplace and not by_vmap_rule)
         return _hostcall.lower_host(
             ctx, *args, runner=runner, call=call, role_name=name,
             has_side_effect=role in ("primal", "fwd") and op.has_side_effect)
-    if rule is op.vmap_rule:
+    if by_vmap_rule:
         fn = _traced_vmap_rule(call, rule, batch)
     else:
         fn = checked(call, role, make_run(role, call, rule, lin, need, jnp, ()), avals, names)

@@ -115,15 +115,10 @@ def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:
 
     def run(*ops):
         ks, cts = ops[:m], ops[m:]
-        full = _fill_zeros(lin, cts, call.out_avals)
+        full = _impls.fill(lin, cts, call.out_avals, call.float_out, jnp, (), False)
         t = jax.linear_transpose(lambda *xs: fwd(*xs, *ks), *sds)(full)
         return [c for c, k in zip(t, need) if k]
     return run
-
-
-def _fill_zeros(mask, present, avals) -> list:
-    it = iter(present)
-    return [next(it) if m else jnp.zeros(a.shape, a.dtype) for m, a in zip(mask, avals)]
 
 
 def missing_rule_message(role: str, op) -> str:
