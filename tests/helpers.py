@@ -134,3 +134,10 @@ def assert_tree_close(a, b, rtol=1e-10, atol=1e-10):
 def host_call_count(lowered) -> int:
     """Number of host callbacks (custom calls to the Python CPU callback) in a lowering."""
     return lowered.as_text().count("xla_buffer_python_cpu_callback")
+
+
+def jvp_and_vjp(fs, args, dargs, ybar):
+    """[(f(*args), its jvp along dargs, its vjp of ybar) for each f], in one compiled program."""
+    def run(args, dargs, ybar):
+        return [jax.jvp(f, args, dargs) + (jax.vjp(f, *args)[1](ybar),) for f in fs]
+    return jax.jit(run)(args, dargs, ybar)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from helpers import assert_close, check_first_order, randn, tree_inner
+from helpers import jvp_and_vjp, assert_close, check_first_order, randn, tree_inner
 
 ducc0 = pytest.importorskip("ducc0")
 dj = pytest.importorskip("anybind.contrib.ducc0")
@@ -213,13 +213,6 @@ NUFFT_CASES = [((5,), dict()), ((4, 3), dict(forward=False)),
                ((4, 5), dict(fft_order=True, periodicity=3.0))]
 
 
-def _jvp_and_vjp(fs, args, dargs, ybar):
-    """[(f(*args), its jvp along dargs, its vjp of ybar) for each f], in one compiled program."""
-    def run(args, dargs, ybar):
-        return [jax.jvp(f, args, dargs) + (jax.vjp(f, *args)[1](ybar),) for f in fs]
-    return jax.jit(run)(args, dargs, ybar)
-
-
 @pytest.mark.parametrize("modes,kw", NUFFT_CASES)
 def test_nufft_values_derivatives_and_transposes_match_direct_sums(modes, kw):
     r = np.random.default_rng(5)
@@ -236,7 +229,7 @@ def test_nufft_values_derivatives_and_transposes_match_direct_sums(modes, kw):
     for f, ref, a, other, out in ((t1, r1, c, t2, modes), (t2, r2, g, t1, (m,))):
         dargs = (randn(a.shape, np.complex128, seed=2), randn(x.shape, seed=3))
         ybar = randn(out, np.complex128, seed=4)
-        (y, t, vjp), (y_ref, t_ref, vjp_ref) = _jvp_and_vjp([f, ref], (a, x), dargs, ybar)
+        (y, t, vjp), (y_ref, t_ref, vjp_ref) = jvp_and_vjp([f, ref], (a, x), dargs, ybar)
         assert_close(y, y_ref, rtol=1e-9, atol=1e-9)
         assert_close((t, vjp), (t_ref, vjp_ref), rtol=1e-8, atol=1e-8)
         check_first_order(jax.jit(f), (a, x), rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from helpers import assert_close, check_first_order, randn, tree_inner
+from helpers import jvp_and_vjp, assert_close, check_first_order, randn, tree_inner
 
 special = pytest.importorskip("scipy.special")
 sparse = pytest.importorskip("scipy.sparse")
@@ -155,13 +155,6 @@ def _host_dense(data, a):
     return type(a)((np.asarray(data), a.indices, a.indptr), shape=a.shape).toarray()
 
 
-def _jvp_and_vjp(fs, args, dargs, ybar):
-    """[(f(*args), its jvp along dargs, its vjp of ybar) for each f], in one compiled program."""
-    def run(args, dargs, ybar):
-        return [jax.jvp(f, args, dargs) + (jax.vjp(f, *args)[1](ybar),) for f in fs]
-    return jax.jit(run)(args, dargs, ybar)
-
-
 # every pair of (format, dtype, right-hand side shape) occurs once
 SPSOLVE_CASES = [("csr", np.float64, (6,)), ("csr", np.complex128, (6, 2)),
                  ("csc", np.float64, (6, 2)), ("csc", np.complex128, (6,))]
@@ -177,7 +170,7 @@ def test_spsolve_matches_dense_solve_with_derivatives(fmt, dtype, rhs):
     assert_close(f(data, b), np.linalg.solve(a.toarray(), b))
     dargs = (randn(data.shape, dtype, seed=2), randn(rhs, dtype, seed=3))
     xbar = randn(rhs, dtype, seed=4)
-    ours, want = _jvp_and_vjp([f, ref], (data, b), dargs, xbar)
+    ours, want = jvp_and_vjp([f, ref], (data, b), dargs, xbar)
     assert_close(ours, want)
     check_first_order(jax.jit(f), (data, b))
 
