@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import anybind as ab
 
 SEED = 0
 

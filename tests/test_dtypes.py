@@ -1,5 +1,4 @@
 """Every dtype, with jax_enable_x64 on and off; scalars and zero-size arrays."""
-import contextlib
 
 import jax
 import jax.numpy as jnp

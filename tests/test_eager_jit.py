@@ -1,6 +1,5 @@
 """Plain calls: eager and under jit, against the pure-JAX reference of every op."""
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
