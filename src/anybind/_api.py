@@ -14,6 +14,7 @@ from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
 
 VmapMode = Union[Literal["sequential", "vectorized"], Callable[..., Any]]
+RuleVmap = Union[Literal["sequential", "vectorized"], Callable[..., Any], None]
 
 
 class Op:
@@ -61,10 +62,14 @@ class Op:
         self.fwd_rule: Rule | None = None
         self.bwd_rule: Rule | None = None
         self.residuals = None
+        # self.vmap: how host code without a batching of its own batches. "sequential"
+        # unless declared, or "vectorized" once the function has a vmap rule (its
+        # host rules are then taken to be written for batched arrays too).
         self.vmap: str = "sequential"
+        self._vmap_declared = isinstance(vmap, str)
         self.vmap_rule: Rule | None = None
-        if vmap in ("sequential", "vectorized"):
-            self.vmap = vmap
+        if vmap is None or vmap in ("sequential", "vectorized"):
+            self.vmap = vmap or "sequential"
         elif callable(vmap):
             self.def_vmap(vmap, traced=traced)
         else:
@@ -87,13 +92,18 @@ class Op:
     # ---------------------------------------------------------------- rules
 
     def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False,
-             input_shapes: bool = False):
+             input_shapes: bool = False, vmap=None):
+        if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
+            raise ValueError(f"anybind op '{self.name}': def_{kind}'s vmap must be "
+                             f"'sequential', 'vectorized', a host function with the rule's "
+                             f"signature for batched arrays, or None, got {vmap!r}")
+
         def register(r):
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
             setattr(self, f"{kind}_rule",
-                    Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes)))
+                    Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap))
             with self._lock:  # calls made from now on use the new rule, eagerly and under jit
                 self._version += 1
                 self._calls.clear()
@@ -101,18 +111,26 @@ class Op:
         return register if rule is None else register(rule)
 
     def def_jvp(self, rule: Callable | None = None, *, traced: bool = False,
-                symbolic_zeros: bool = False):
+                symbolic_zeros: bool = False, vmap: RuleVmap = None):
         """Set the JVP rule ``jvp(primals, tangents, **kw) -> output tangent(s)``.
 
         Computes ∂f(x)·ẋ. ``primals`` and ``tangents`` are tuples matching the
         positional arguments; zero tangents arrive as zero arrays (as ``None``
         with ``symbolic_zeros=True``), integer inputs' tangents as ``None``;
         return ``None`` for a zero output tangent. Usable as a decorator.
+
+        ``vmap`` (for every ``def_*`` rule) says how a host rule runs under
+        ``jax.vmap``: ``"vectorized"`` (one call; every array it gets has a leading
+        batch axis, of length 1 where unbatched), ``"sequential"`` (one call per
+        row), a host function with the rule's signature that is called like a
+        vectorized rule (a batched variant, such as another C entry point), or
+        None (the default): the op's mode, which is vectorized when the function
+        has a vmap rule.
         """
-        return self._set("jvp", rule, traced, symbolic_zeros)
+        return self._set("jvp", rule, traced, symbolic_zeros, vmap=vmap)
 
     def def_vjp(self, rule: Callable | None = None, *, traced: bool = False,
-                symbolic_zeros: bool = False):
+                symbolic_zeros: bool = False, vmap: RuleVmap = None):
         """Set the VJP rule ``vjp(primals, cotangent, **kw) -> tuple``.
 
         Computes ∂f(x)ᵀ·ȳ: one cotangent per positional argument (a pytree like
@@ -123,10 +141,11 @@ class Op:
         ``None`` for arguments not needed (e.g. under ``grad`` with respect to
         one argument) and skip their work. Usable as a decorator.
         """
-        return self._set("vjp", rule, traced, symbolic_zeros)
+        return self._set("vjp", rule, traced, symbolic_zeros, vmap=vmap)
 
     def def_transpose(self, rule: Callable | None = None, *, traced: bool = False,
-                      symbolic_zeros: bool = False, input_shapes: bool = False):
+                      symbolic_zeros: bool = False, input_shapes: bool = False,
+                      vmap: RuleVmap = None):
         """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
 
         Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
@@ -139,9 +158,9 @@ class Op:
         if not self.linear:
             raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
                             f"with linear=True")
-        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes)
+        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes, vmap)
 
-    def def_fwd(self, rule: Callable | None = None, *, residuals):
+    def def_fwd(self, rule: Callable | None = None, *, residuals, vmap: RuleVmap = None):
         """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.
 
         Under ``grad``/``vjp`` the op runs ``fwd`` instead of its function and
@@ -152,16 +171,16 @@ class Op:
         with ``def_bwd``. Usable as a decorator.
         """
         self.residuals = residuals
-        return self._set("fwd", rule, False)
+        return self._set("fwd", rule, False, vmap=vmap)
 
-    def def_bwd(self, rule: Callable | None = None):
+    def def_bwd(self, rule: Callable | None = None, *, vmap: RuleVmap = None):
         """Set the backward pass ``bwd(residuals, cotangent, **kw) -> tuple``: ∂f(x)ᵀ·ȳ.
 
         One cotangent per positional argument (``None`` for zero), computed from
         the residuals saved by the fwd rule. It replaces the vjp rule in reverse
         mode; forward mode still uses the jvp rule. Usable as a decorator.
         """
-        return self._set("bwd", rule, False)
+        return self._set("bwd", rule, False, vmap=vmap)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
@@ -169,8 +188,12 @@ class Op:
         Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
         bools (pytrees like the arguments), with ``in_batched.kwargs`` for
         keyword operands; ``out_batched`` is a bool or a pytree like ``out``.
+        Unless the op was bound with ``vmap="sequential"`` or ``"vectorized"``,
+        its host rules then batch in vectorized mode (see ``def_jvp``'s ``vmap``).
         Usable as a decorator.
         """
+        if not self._vmap_declared:
+            self.vmap = "vectorized"
         return self._set("vmap", rule, traced)
 
     # ---------------------------------------------------------------- calls
@@ -235,7 +258,7 @@ def _primitive_name(name: str) -> str:
 
 
 def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpose=None,
-         linear: bool | tuple[int, ...] = False, vmap: VmapMode = "sequential",
+         linear: bool | tuple[int, ...] = False, vmap: VmapMode | None = None,
          traced: bool = False,
          has_side_effect: bool = False, name: str | None = None,
          examples: Callable[[], tuple] | None = None, out: bool = False):
@@ -254,7 +277,10 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
         tuple of argument indices: linear in those (jointly, the others fixed),
         so ``jax.linear_transpose`` in them works (through the derivative
         rules); other transformations treat the op as non-linear.
-      vmap: ``"sequential"``, ``"vectorized"`` or a batching rule.
+      vmap: how the function batches: ``"sequential"`` (the default: one host call
+        looping over the batch), ``"vectorized"`` (one call on arrays with a leading
+        batch axis) or a batching rule. Host rules batch the same way, except that
+        with a batching rule they run vectorized; each rule's ``vmap=`` overrides.
       traced: ``fn`` (and the rules given here) are JAX code, traced inline.
       has_side_effect: every call runs exactly once; XLA may not drop or merge it.
       name: the primitive's name; defaults to ``fn.__name__``.

@@ -94,7 +94,7 @@ def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need
 
 def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
     op = call.op
-    # A vmap rule replaces the batched primal; derived roles batch by the op's mode.
+    # A vmap rule replaces the batched primal; rules batch by their own or the op's mode.
     by_vmap_rule = batch is not None and role == "primal" and op.vmap_rule is not None
     rule = op.vmap_rule if by_vmap_rule else rule_of(role, call)
     if rule is None:
@@ -103,10 +103,16 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
     names = out_names(role, call, need)
     name = "vmap rule" if by_vmap_rule else role_name(role, call)
     if not rule.traced:
+        if by_vmap_rule:
+            mode = rule
+        elif batch is not None:
+            rule, mode = _batching.host_mode(role, rule, op)
+        else:
+            mode = None
         runner = _hostcall.make_host_runner(
             call, name,
             lambda lead: make_run(role, call, rule, lin, need, np, lead),
-            avals, names, batch, rule if by_vmap_rule else op.vmap,
+            avals, names, batch, mode,
             inplace=role == "primal" and op.inplace and not by_vmap_rule)
         return _hostcall.lower_host(
             ctx, *args, runner=runner, call=call, role_name=name,

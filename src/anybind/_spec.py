@@ -21,11 +21,17 @@ from jax._src import dtypes as _dtypes
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A user rule and whether it is JAX code (traced) or host code."""
+    """A user rule and whether it is JAX code (traced) or host code.
+
+    ``vmap`` says how a host rule batches: ``"sequential"``, ``"vectorized"``,
+    a host function with the rule's signature written for batched arrays, or
+    None for the op's mode (see ``_batching.host_mode``).
+    """
     fn: Callable[..., Any]
     traced: bool
     symbolic_zeros: bool = False
     input_shapes: bool = False
+    vmap: Any = None
 
     @property
     def kind(self) -> str:
