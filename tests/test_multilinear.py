@@ -207,3 +207,35 @@ def test_keyword_operand_is_not_differentiable():
     np.testing.assert_allclose(jax.grad(lambda x: op(x, y, w=w).sum())(x), w * y, **TOL)
     with pytest.raises(TypeError, match="ml_kw.*keyword argument is a non-differentiable"):
         jax.grad(lambda w: op(x, y, w=w).sum())(w)
+
+
+# ---------------------------------------------------------------- ab.check
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_check_passes_with_every_order(kind):
+    report = ab.check(_op("matvec2", kind=kind), *MULTILINEAR_CASES["matvec2"].args())
+    checks = {(r.check, r.where) for r in report.rows if r.status == "ok"}
+    for where in ("argument 0", "argument 1"):
+        assert ("linearity", where) in checks and ("transpose", where) in checks
+    assert ("hessian symmetry", "forward over reverse") in checks
+
+
+def test_check_catches_a_wrong_transpose():
+    bad = ab.bind(lambda x, y: x * y, shape=ab.like(0), multilinear=True, name="ml_bad",
+                  transpose=(lambda p, ct: ct * p[1], lambda p, ct: 2 * ct * p[0]))
+    with pytest.raises(ab.RuleError, match="transpose rule for argument 1") as e:
+        ab.check(bad, randn(3), randn(3, seed=1))
+    assert (e.value.check, e.value.where) == ("transpose", "argument 1")
+
+
+@pytest.mark.parametrize("linear", [True, (0, 1)])
+def test_check_names_multilinear_for_a_joint_declaration(linear):
+    """x·y is not linear in (x, y) jointly: ab.check says which declaration fits."""
+    rules = (dict(transpose=lambda ct: (ct, ct)) if linear is True else
+             dict(jvp=lambda p, t: p[1] * t[0] + p[0] * t[1],
+                  vjp=lambda p, ct: (p[1] * ct, p[0] * ct)))
+    op = ab.bind(lambda x, y: x * y, shape=ab.like(0), linear=linear, name="joint_mul",
+                 **rules)
+    with pytest.raises(ab.RuleError, match="linear in each argument.*multilinear=True") as e:
+        ab.check(op, randn(3), randn(3, seed=1))
+    assert e.value.check == "linearity"
