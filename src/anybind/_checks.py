@@ -306,8 +306,24 @@ def _transpose_in(ctx, label, idx) -> None:
         for i, t in zip(part, ts):
             full[idx.index(i)] = t
         c = [cts[idx.index(i)] for i in part]
-        ctx.record("transpose", where, [ctx.assess_scalars(*_identity(ybar, f(*full), c, ts))],
-                   hint=f"⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from {rule}.")
+        ax = f(*full)
+        verdict = ctx.assess_scalars(*_identity(ybar, ax, c, ts))
+        hint = f"⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from {rule}."
+        if verdict[3] is not None and _is_adjoint(ctx, ybar, ax, c, ts):
+            hint += (" It computes the adjoint A^H·ȳ (the conjugate transpose). JAX "
+                     "transposes complex-linear maps without conjugation, pairing ⟨a, b⟩ = "
+                     "Re Σ a·b: return Aᵀ·ȳ = conj(A^H·conj(ȳ)) instead (a symmetric map, "
+                     "such as the DFT, is its own transpose).")
+        ctx.record("transpose", where, [verdict], hint=hint)
+
+
+def _is_adjoint(ctx, ybar, ax, cts, ts) -> bool:
+    """Whether the cotangents satisfy the adjoint's identity Re⟨ȳ, A·ẋ⟩_H = Re⟨c, ẋ⟩_H
+    (with conjugation) instead of the transpose's, for a complex map."""
+    if not any(np.iscomplexobj(np.asarray(v)) for v in (*ybar, *ts)):
+        return False
+    conj = lambda vs: [np.conj(np.asarray(v)) for v in vs]
+    return ctx.assess_scalars(*_identity(conj(ybar), ax, conj(cts), ts))[3] is None
 
 
 # -------------------------------------------------------------------- vmap
