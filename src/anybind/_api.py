@@ -100,8 +100,10 @@ class Op:
     def __repr__(self) -> str:
         rules = [k for k in ("jvp", "vjp", "transpose", "vmap")
                  if getattr(self, f"{k}_rule") is not None]
+        rules += [f"transpose in {i}" for i in sorted(self.transpose_rules)]
+        kind = " linear" if self.linear else " multilinear" if self.multilinear else ""
         return (f"<anybind op '{self.name}' {'traced' if self.traced else 'host'}"
-                f"{' linear' if self.linear else ''} rules={rules} vmap={self.vmap!r}>")
+                f"{kind} rules={rules} vmap={self.vmap!r}>")
 
     # ---------------------------------------------------------------- rules
 
