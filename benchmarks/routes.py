@@ -464,3 +464,70 @@ def solves() -> Cases:
                 args)
             for k, f in solve_routes().items()}
 
+
+
+# ------------------------- vmap of a linear op: grad through a batched transpose
+
+FFT_BATCH, FFT_SHAPE = 2000, (8, 8)
+
+
+def fft_inputs() -> tuple:
+    r = np.random.default_rng(2)
+    shape = (FFT_BATCH,) + FFT_SHAPE
+    return (jnp.asarray(r.standard_normal(shape) + 1j * r.standard_normal(shape)),)
+
+
+def _np_fft2(x):                 # the last two axes; leading (batch) axes are left alone
+    return np.fft.fft2(x, axes=(-2, -1))
+
+
+def _anybind_fft2(vmap: str) -> ab.Op:
+    """Linear; the DFT matrix is symmetric, so under JAX's (unconjugated) transpose
+    convention the transpose is the DFT itself."""
+    op = ab.bind(_np_fft2, shape=ab.like(0), linear=True, name=f"fft2_{vmap}",
+                 vmap=(lambda size, in_batched, x: (_np_fft2(x), in_batched[0]))
+                 if vmap == "rule" else vmap)
+    op.def_transpose(lambda ct: (_np_fft2(ct),))
+    return op
+
+
+ab_fft2_rule = _anybind_fft2("rule")
+ab_fft2_seq = _anybind_fft2("sequential")
+
+
+def _jb_fft2(out, args, kwargs_dump):
+    """JAXbind's form (its demo 01): transform every axis that is not a batch axis."""
+    (x,) = args
+    batch = jaxbind.load_kwargs(kwargs_dump).get("batch_axes") or ((),)
+    axes = [i for i in range(x.ndim) if i not in batch[0]]
+    out[0][()] = np.fft.fftn(x, axes=axes)
+
+
+def _jb_fft2_abstract(x, batch_axes=None, **kwargs):
+    out_ax = batch_axes[0][-1] if batch_axes and batch_axes[0] else ()
+    return ((x.shape, x.dtype, out_ax),)
+
+
+if jaxbind is not None:
+    _jb_fft2_op = jaxbind.get_linear_call(_jb_fft2, _jb_fft2, _jb_fft2_abstract,
+                                          _jb_fft2_abstract, func_can_batch=True)
+
+    def jb_fft2(x):
+        return _jb_fft2_op(x)[0]
+
+
+def vmap_fft_grads(loss: str = "sum") -> Cases:
+    """jit(grad(loss(vmap(fft2)))) over FFT_BATCH arrays of FFT_SHAPE, complex128.
+
+    ``loss="sum"``: Σ Re y, whose gradient needs only the transpose (XLA drops the
+    forward call); ``"abs2"``: Σ |y|², which needs the forward call and the transpose.
+    """
+    r = {"native jnp": lambda x: jnp.fft.fft2(x)}
+    if jaxbind is not None:
+        r["JAXbind func_can_batch=True"] = jb_fft2
+    r["anybind vmap=rule"] = ab_fft2_rule
+    r["anybind sequential"] = ab_fft2_seq
+    reduce = (lambda y: jnp.sum(jnp.real(y))) if loss == "sum" else \
+        (lambda y: jnp.sum(jnp.abs(y) ** 2))
+    return {k: (jax.jit(jax.grad(lambda x, f=f: reduce(jax.vmap(f)(x)))), fft_inputs())
+            for k, f in r.items()}

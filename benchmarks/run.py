@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, help="samples per route (default 150, quick 20)")
     p.add_argument("--sample-ms", type=float, help="length of one sample in ms (default 1)")
     p.add_argument("--mem-n", type=int, help=f"memory test size (default {MEM_N:,})")
-    p.add_argument("--only", help="comma-separated groups: calls,grads,grad1,vmap,jacrev,solve,memory")
+    p.add_argument("--only", help="comma-separated groups: "
+                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,memory")
     p.add_argument("--out", default=str(HERE / "results.json"))
     p.add_argument("--update-readme", action="store_true",
                    help="write the tables into benchmarks/README.md")
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
     sample_s = (a.sample_ms or 1.0) / 1e3
     mem_n = a.mem_n or (5_000_000 if a.quick else MEM_N)
     groups = set(a.only.split(",")) if a.only else {"calls", "grads", "grad1", "vmap",
-                                                     "jacrev", "solve", "memory"}
+                                                     "vmapfft", "jacrev", "solve", "memory"}
     info = machine()
     print("machine:", json.dumps(info))
     print(f"repeats={repeats}, sample≈{sample_s * 1e3:g} ms; min is the headline "
@@ -394,6 +395,16 @@ def main(argv: list[str] | None = None) -> dict:
         results["vmap_grad"] = res
         emit(single_table("jit(vmap(grad(sum f))) over 1000×100", res,
                           "custom_vjp+buffer_callback"))
+    if "vmapfft" in groups:
+        shape = "×".join(map(str, routes.FFT_SHAPE))
+        for loss, title in (("sum", "Σ Re fft2(x) (the transpose alone)"),
+                            ("abs2", "Σ |fft2(x)|² (forward and transpose)")):
+            res = run_group(routes.vmap_fft_grads(loss), repeats, sample_s)
+            results[f"vmap_fft_grad_{loss}"] = res
+            emit(single_table(f"jit(grad({title})) under vmap over {routes.FFT_BATCH} "
+                              f"arrays of {shape}, complex128", res,
+                              "JAXbind func_can_batch=True"
+                              if "JAXbind func_can_batch=True" in res else None))
     if "jacrev" in groups:
         res = run_group(routes.jacrevs(), repeats, sample_s)
         results["jacrev"] = res

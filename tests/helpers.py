@@ -130,6 +130,29 @@ def assert_tree_close(a, b, rtol=1e-10, atol=1e-10):
             np.testing.assert_array_equal(x, y)
 
 
+def realify(args):
+    """(v, build): ``args`` (a pytree) as a function ``build(v)`` of one real vector v,
+    each complex leaf made of two halves of v, so that jacfwd and hessian apply."""
+    leaves, tdef = jax.tree.flatten(args)
+    parts = []
+    for l in leaves:
+        parts += [np.real(l).ravel()] + ([np.imag(l).ravel()] if np.iscomplexobj(l) else [])
+    v = np.concatenate(parts)
+
+    def build(v):
+        out, i = [], 0
+        for l in leaves:
+            n = l.size
+            re = v[i:i + n].reshape(l.shape)
+            i += n
+            if np.iscomplexobj(l):
+                re = re + 1j * v[i:i + n].reshape(l.shape)
+                i += n
+            out.append(re.astype(l.dtype))
+        return tdef.unflatten(out)
+    return v, build
+
+
 def host_call_count(lowered) -> int:
     """Number of host callbacks (custom calls to the Python CPU callback) in a lowering."""
     return lowered.as_text().count("xla_buffer_python_cpu_callback")

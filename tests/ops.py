@@ -388,3 +388,70 @@ def split(mode: str = "vectorized"):
 
 
 LINEAR_CASES["split"] = Case("split", split, split_ref, lambda: (_rn(4, seed=14), _rn(4, seed=15)))
+
+
+# ------------------------------------------------------------- multilinear maps
+
+def bimul_ref(x, y):
+    return x * y, x * y
+
+
+def matvec2_ref(a, x):
+    return a @ x
+
+
+def trimul_ref(d, y, z):
+    return (d["a"] + 2 * d["b"]) * y * z
+
+
+@functools.cache
+def multilinear_op(name: str, mode: str = "vectorized", kind: str = "host"):
+    """Multilinear ops with a transpose per argument.
+
+    - ``bimul``: JAXbind's demo (x, y) ↦ (x·y, x·y), elementwise, two outputs.
+    - ``matvec2``: (A, x) ↦ A·x, linear in the matrix and in the vector.
+    - ``trimul``: ({"a", "b"}, y, z) ↦ (a + 2b)·y·z, complex, a pytree argument.
+
+    ``kind``: "host" (host function and transposes), "traced" (traced function and
+    transposes) or "jax" (traced function, JAX transposes it).
+    """
+    xp = np if kind == "host" else jnp
+    if name == "bimul":
+        fn = lambda x, y: (x * y, x * y)
+        shape = lambda x, y: (x, x)
+        ts = (lambda p, ct: p[1] * ct[0] + p[1] * ct[1],
+              lambda p, ct: p[0] * ct[0] + p[0] * ct[1])
+    elif name == "matvec2":
+        fn = lambda a, x: xp.einsum("...ij,...j->...i", a, x)
+        shape = lambda a, x: jax.ShapeDtypeStruct(a.shape[:-1], a.dtype)
+        ts = (lambda p, ct: ct[..., :, None] * p[1][..., None, :],
+              lambda p, ct: xp.einsum("...ij,...i->...j", p[0], ct))
+    else:
+        fn = lambda d, y, z: (d["a"] + 2 * d["b"]) * y * z
+        shape = ab.like(1)
+        ts = (lambda p, ct: {"a": ct * p[1] * p[2], "b": 2 * ct * p[1] * p[2]},
+              lambda p, ct: ct * (p[0]["a"] + 2 * p[0]["b"]) * p[2],
+              lambda p, ct: ct * (p[0]["a"] + 2 * p[0]["b"]) * p[1])
+    op = ab.bind(fn, shape=None if kind != "host" else shape, multilinear=True,
+                 traced=kind != "host", vmap=_mode(mode),
+                 transpose=None if kind == "jax" else ts, name=f"{name}_{mode}_{kind}")
+    if mode == "rule":
+        def rule(axis_size, in_batched, *args):
+            args = [a if b else jax.tree.map(lambda l: l[None], a)
+                    for a, b in zip(args, [any(jax.tree.leaves(b)) for b in in_batched])]
+            out = fn(*args)
+            return jax.tree.map(lambda o: xp.broadcast_to(o, (axis_size,) + o.shape[1:]),
+                                out), True
+        op.def_vmap(rule, traced=kind != "host")
+    return op
+
+
+MULTILINEAR_CASES = {c.name: c for c in [
+    Case("bimul", functools.partial(multilinear_op, "bimul"), bimul_ref,
+         lambda: (_rn(4, seed=20), _rn(4, seed=21))),
+    Case("matvec2", functools.partial(multilinear_op, "matvec2"), matvec2_ref,
+         lambda: (_rn((3, 4), seed=22), _rn(4, seed=23))),
+    Case("trimul", functools.partial(multilinear_op, "trimul"), trimul_ref,
+         lambda: ({"a": _rn(3, np.complex128, seed=24), "b": _rn(3, np.complex128, seed=25)},
+                  _rn(3, np.complex128, seed=26), _rn(3, np.complex128, seed=27))),
+]}

@@ -105,7 +105,8 @@ def test_demo():
     """The one full demo run: exit 0, every op and transformation, all ✓."""
     r = run("demo")
     assert r.returncode == 0, r.stdout + r.stderr
-    for op in ("scipy.special.gammaln", "numpy.fft.fft", "numpy.sort", "scipy.linalg.lu_solve"):
+    for op in ("scipy.special.gammaln", "numpy.fft.fft", "numpy.sort", "scipy.linalg.lu_solve",
+               "JAXbind 01: scipy.fft.fftn", "JAXbind 02: multilinear", "JAXbind 03: nonlinear"):
         assert op in r.stdout
     for t in _demo.TRANSFORMS:
         assert t in r.stdout

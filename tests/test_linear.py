@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from helpers import (assert_tree_close, check_transpose_identity, randn, tree_inner,
+from helpers import (assert_tree_close, check_transpose_identity, randn, realify, tree_inner,
                      tree_randn_like)
 from ops import LINEAR_CASES, VMAP_MODES, fft
 
@@ -22,25 +22,8 @@ TOL = dict(rtol=1e-10, atol=1e-10)
 
 
 def _realify(case):
-    """The case's args as a function of one real vector (complex leaves from two halves)."""
-    leaves, tdef = jax.tree.flatten(case.args())
-    parts = []
-    for l in leaves:
-        parts += [np.real(l).ravel()] + ([np.imag(l).ravel()] if np.iscomplexobj(l) else [])
-    v = np.concatenate(parts)
-
-    def build(v):
-        out, i = [], 0
-        for l in leaves:
-            n = l.size
-            re = v[i:i + n].reshape(l.shape)
-            i += n
-            if np.iscomplexobj(l):
-                re = re + 1j * v[i:i + n].reshape(l.shape)
-                i += n
-            out.append(re.astype(l.dtype))
-        return tdef.unflatten(out)
-    return v, build
+    """The case's args as a function of one real vector (see ``helpers.realify``)."""
+    return realify(case.args())
 
 
 def _sq_loss(f, build):

@@ -14,6 +14,7 @@ from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
 
 VmapMode = Union[Literal["sequential", "vectorized"], Callable[..., Any]]
+RuleVmap = Union[Literal["sequential", "vectorized"], Callable[..., Any], None]
 
 
 class Op:
@@ -31,7 +32,8 @@ class Op:
 
     def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear,
                  vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
-                 examples: Callable[[], tuple] | None = None, out: bool = False):
+                 examples: Callable[[], tuple] | None = None, out: bool = False,
+                 multilinear: bool = False):
         if not callable(fn):
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -44,6 +46,11 @@ class Op:
             self.linear, self.linear_argnums = False, tuple(sorted(set(linear)))
         else:
             self.linear, self.linear_argnums = bool(linear), ()
+        self.multilinear = bool(multilinear)
+        if self.multilinear and (self.linear or self.linear_argnums):
+            raise TypeError(f"anybind op '{self.name}': multilinear=True (linear in each "
+                            f"argument separately) and linear={linear!r} exclude each other")
+        self.transpose_rules: dict = {}  # argnum -> Rule, for a multilinear op
         self.traced = bool(traced)
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
@@ -61,10 +68,14 @@ class Op:
         self.fwd_rule: Rule | None = None
         self.bwd_rule: Rule | None = None
         self.residuals = None
+        # self.vmap: how host code without a batching of its own batches. "sequential"
+        # unless declared, or "vectorized" once the function has a vmap rule (its
+        # host rules are then taken to be written for batched arrays too).
         self.vmap: str = "sequential"
+        self._vmap_declared = isinstance(vmap, str)
         self.vmap_rule: Rule | None = None
-        if vmap in ("sequential", "vectorized"):
-            self.vmap = vmap
+        if vmap is None or vmap in ("sequential", "vectorized"):
+            self.vmap = vmap or "sequential"
         elif callable(vmap):
             self.def_vmap(vmap, traced=traced)
         else:
@@ -74,26 +85,49 @@ class Op:
             self.def_jvp(jvp, traced=traced)
         if vjp is not None:
             self.def_vjp(vjp, traced=traced)
-        if transpose is not None:
+        if transpose is not None and self.multilinear:
+            if not isinstance(transpose, (tuple, list)):
+                raise TypeError(f"anybind op '{self.name}' is multilinear: transpose= takes a "
+                                f"tuple with one rule per positional argument (None where "
+                                f"there is none), got {type(transpose).__name__}")
+            for i, t in enumerate(transpose):
+                if t is not None:
+                    self.def_transpose(t, traced=traced, argnum=i)
+        elif transpose is not None:
             self.def_transpose(transpose, traced=traced)
         self._family = Family(self)
 
     def __repr__(self) -> str:
         rules = [k for k in ("jvp", "vjp", "transpose", "vmap")
                  if getattr(self, f"{k}_rule") is not None]
+        rules += [f"transpose in {i}" for i in sorted(self.transpose_rules)]
+        kind = " linear" if self.linear else " multilinear" if self.multilinear else ""
         return (f"<anybind op '{self.name}' {'traced' if self.traced else 'host'}"
-                f"{' linear' if self.linear else ''} rules={rules} vmap={self.vmap!r}>")
+                f"{kind} rules={rules} vmap={self.vmap!r}>")
 
     # ---------------------------------------------------------------- rules
 
     def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False,
-             input_shapes: bool = False):
+             input_shapes: bool = False, vmap=None, argnum: int | None = None):
+        if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
+            raise ValueError(f"anybind op '{self.name}': def_{kind}'s vmap must be "
+                             f"'sequential', 'vectorized', a host function with the rule's "
+                             f"signature for batched arrays, or None, got {vmap!r}")
+
+        if self.multilinear and kind in ("jvp", "vjp", "fwd", "bwd"):
+            raise TypeError(f"anybind op '{self.name}' is multilinear: its jvp (Σᵢ f(…, ẋᵢ, "
+                            f"…)) and vjp (the transposes) are derived, so def_{kind} does "
+                            f"not apply; give op.def_transpose(rule, argnum=i) per argument")
+
         def register(r):
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
-            setattr(self, f"{kind}_rule",
-                    Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes)))
+            made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap)
+            if argnum is None:
+                setattr(self, f"{kind}_rule", made)
+            else:
+                self.transpose_rules[argnum] = made
             with self._lock:  # calls made from now on use the new rule, eagerly and under jit
                 self._version += 1
                 self._calls.clear()
@@ -101,18 +135,26 @@ class Op:
         return register if rule is None else register(rule)
 
     def def_jvp(self, rule: Callable | None = None, *, traced: bool = False,
-                symbolic_zeros: bool = False):
+                symbolic_zeros: bool = False, vmap: RuleVmap = None):
         """Set the JVP rule ``jvp(primals, tangents, **kw) -> output tangent(s)``.
 
         Computes ∂f(x)·ẋ. ``primals`` and ``tangents`` are tuples matching the
         positional arguments; zero tangents arrive as zero arrays (as ``None``
         with ``symbolic_zeros=True``), integer inputs' tangents as ``None``;
         return ``None`` for a zero output tangent. Usable as a decorator.
+
+        ``vmap`` (for every ``def_*`` rule) says how a host rule runs under
+        ``jax.vmap``: ``"vectorized"`` (one call; every array it gets has a leading
+        batch axis, of length 1 where unbatched), ``"sequential"`` (one call per
+        row), a host function with the rule's signature that is called like a
+        vectorized rule (a batched variant, such as another C entry point), or
+        None (the default): the op's mode, which is vectorized when the function
+        has a vmap rule.
         """
-        return self._set("jvp", rule, traced, symbolic_zeros)
+        return self._set("jvp", rule, traced, symbolic_zeros, vmap=vmap)
 
     def def_vjp(self, rule: Callable | None = None, *, traced: bool = False,
-                symbolic_zeros: bool = False):
+                symbolic_zeros: bool = False, vmap: RuleVmap = None):
         """Set the VJP rule ``vjp(primals, cotangent, **kw) -> tuple``.
 
         Computes ∂f(x)ᵀ·ȳ: one cotangent per positional argument (a pytree like
@@ -123,10 +165,11 @@ class Op:
         ``None`` for arguments not needed (e.g. under ``grad`` with respect to
         one argument) and skip their work. Usable as a decorator.
         """
-        return self._set("vjp", rule, traced, symbolic_zeros)
+        return self._set("vjp", rule, traced, symbolic_zeros, vmap=vmap)
 
     def def_transpose(self, rule: Callable | None = None, *, traced: bool = False,
-                      symbolic_zeros: bool = False, input_shapes: bool = False):
+                      symbolic_zeros: bool = False, input_shapes: bool = False,
+                      vmap: RuleVmap = None, argnum: int | None = None):
         """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
 
         Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
@@ -135,13 +178,40 @@ class Op:
         arguments as pytrees of ``jax.ShapeDtypeStruct`` (for maps whose output
         does not determine the input's shape, such as a real FFT). Usable as a
         decorator.
+
+        For a ``multilinear=True`` op, ``argnum=i`` gives the transpose in argument
+        i, the others fixed: ``rule(primals, ct, **kw)`` returns the cotangent of
+        argument i (a pytree like it, or ``None`` for zero); ``primals`` holds every
+        positional argument, with entry i None. One rule per argument (a traced
+        function's missing ones come from JAX).
+
+        >>> import anybind as ab, numpy as np, jax
+        >>> dot = ab.bind(lambda x, y: (x * y).sum(-1), multilinear=True,
+        ...               shape=lambda x, y: jax.ShapeDtypeStruct(x.shape[:-1], x.dtype))
+        >>> _ = dot.def_transpose(lambda p, ct: ct[..., None] * p[1], argnum=0)
+        >>> _ = dot.def_transpose(lambda p, ct: ct[..., None] * p[0], argnum=1)
+        >>> jax.grad(dot, argnums=(0, 1))(np.array([1.0, 2.0]), np.array([3.0, 4.0]))
+        (Array([3., 4.], dtype=float64), Array([1., 2.], dtype=float64))
         """
+        if self.multilinear:
+            if not (isinstance(argnum, int) and argnum >= 0):
+                raise TypeError(f"anybind op '{self.name}' is multilinear: def_transpose needs "
+                                f"argnum=i, the positional argument it transposes in; got "
+                                f"argnum={argnum!r}")
+            if symbolic_zeros or input_shapes:
+                raise TypeError(f"anybind op '{self.name}': a multilinear op's transpose "
+                                f"rules take neither symbolic_zeros nor input_shapes (they "
+                                f"get every argument's value)")
+            return self._set("transpose", rule, traced, vmap=vmap, argnum=argnum)
+        if argnum is not None:
+            raise TypeError(f"anybind op '{self.name}': def_transpose(argnum=...) is for ops "
+                            f"bound with multilinear=True")
         if not self.linear:
             raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
-                            f"with linear=True")
-        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes)
+                            f"with linear=True (or multilinear=True, with argnum=)")
+        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes, vmap)
 
-    def def_fwd(self, rule: Callable | None = None, *, residuals):
+    def def_fwd(self, rule: Callable | None = None, *, residuals, vmap: RuleVmap = None):
         """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.
 
         Under ``grad``/``vjp`` the op runs ``fwd`` instead of its function and
@@ -152,16 +222,16 @@ class Op:
         with ``def_bwd``. Usable as a decorator.
         """
         self.residuals = residuals
-        return self._set("fwd", rule, False)
+        return self._set("fwd", rule, False, vmap=vmap)
 
-    def def_bwd(self, rule: Callable | None = None):
+    def def_bwd(self, rule: Callable | None = None, *, vmap: RuleVmap = None):
         """Set the backward pass ``bwd(residuals, cotangent, **kw) -> tuple``: ∂f(x)ᵀ·ȳ.
 
         One cotangent per positional argument (``None`` for zero), computed from
         the residuals saved by the fwd rule. It replaces the vjp rule in reverse
         mode; forward mode still uses the jvp rule. Usable as a decorator.
         """
-        return self._set("bwd", rule, False)
+        return self._set("bwd", rule, False, vmap=vmap)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
@@ -169,8 +239,12 @@ class Op:
         Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
         bools (pytrees like the arguments), with ``in_batched.kwargs`` for
         keyword operands; ``out_batched`` is a bool or a pytree like ``out``.
+        Unless the op was bound with ``vmap="sequential"`` or ``"vectorized"``,
+        its host rules then batch in vectorized mode (see ``def_jvp``'s ``vmap``).
         Usable as a decorator.
         """
+        if not self._vmap_declared:
+            self.vmap = "vectorized"
         return self._set("vmap", rule, traced)
 
     # ---------------------------------------------------------------- calls
@@ -235,7 +309,8 @@ def _primitive_name(name: str) -> str:
 
 
 def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpose=None,
-         linear: bool | tuple[int, ...] = False, vmap: VmapMode = "sequential",
+         linear: bool | tuple[int, ...] = False, multilinear: bool = False,
+         vmap: VmapMode | None = None,
          traced: bool = False,
          has_side_effect: bool = False, name: str | None = None,
          examples: Callable[[], tuple] | None = None, out: bool = False):
@@ -249,12 +324,20 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
       shape: the output spec: ``ab.like(i)``, a pytree of ``jax.ShapeDtypeStruct``,
         or a callable of the inputs' ShapeDtypeStructs. Inferred when traced.
       jvp, vjp, transpose: rules (see ``Op.def_jvp`` and friends), of the same
-        kind (host or traced) as ``fn``.
+        kind (host or traced) as ``fn``; for a multilinear op, ``transpose`` is a
+        tuple with one rule per positional argument.
       linear: ``True``: ``fn`` is linear in its positional arguments jointly. A
         tuple of argument indices: linear in those (jointly, the others fixed),
         so ``jax.linear_transpose`` in them works (through the derivative
         rules); other transformations treat the op as non-linear.
-      vmap: ``"sequential"``, ``"vectorized"`` or a batching rule.
+      multilinear: ``fn`` is linear in each positional argument separately, the
+        others fixed (a product x·y, A·x in A and in x). Give the transpose in
+        each argument with ``def_transpose(rule, argnum=i)``; the jvp, vjp and
+        derivatives of every order follow, with host rules too.
+      vmap: how the function batches: ``"sequential"`` (the default: one host call
+        looping over the batch), ``"vectorized"`` (one call on arrays with a leading
+        batch axis) or a batching rule. Host rules batch the same way, except that
+        with a batching rule they run vectorized; each rule's ``vmap=`` overrides.
       traced: ``fn`` (and the rules given here) are JAX code, traced inline.
       has_side_effect: every call runs exactly once; XLA may not drop or merge it.
       name: the primitive's name; defaults to ``fn.__name__``.
@@ -274,7 +357,7 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     """
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
                    vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
-                   examples=examples, out=out)
+                   examples=examples, out=out, multilinear=multilinear)
     if fn is None:
         return lambda f: Op(f, **options)
     return Op(fn, **options)

@@ -10,6 +10,7 @@ unbatched one, so ``vmap`` never removes a custom rule.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import jax
@@ -61,3 +62,17 @@ def batch_rule(prim, args, dims, *, batch: Batch | None, **params):
 def sum_unbatched(x, batched: bool):
     """Transpose of broadcasting an unbatched operand over the batch."""
     return x if batched else x.sum(axis=0, keepdims=True)
+
+
+def host_mode(role: str, rule, op) -> tuple:
+    """(the rule to run, its mode) for a host role under ``vmap``.
+
+    The function batches by the op's mode; a rule by its own ``vmap`` if given
+    (a string, or a batched variant run as a vectorized rule), else by the op's
+    mode, which is ``"vectorized"`` once the function has a vmap rule.
+    """
+    if role == "primal" or rule.vmap is None:
+        return rule, op.vmap
+    if isinstance(rule.vmap, str):
+        return rule, rule.vmap
+    return dataclasses.replace(rule, fn=rule.vmap, vmap=None), "vectorized"

@@ -52,7 +52,8 @@ def _no_second_order(ctx, name: str) -> bool:
     if op.linear or _no_derivatives(ctx, name):
         return True
     rules = [r for r in (op.jvp_rule, op.vjp_rule, getattr(op, "bwd_rule", None)) if r]
-    if not op.traced and not any(r.traced for r in rules):
+    multilinear = getattr(op, "multilinear", False)  # all orders from host transposes
+    if not op.traced and not multilinear and not any(r.traced for r in rules):
         ctx.skip(name, "host rules give first derivatives only; traced rules give all orders")
         return True
     return False
@@ -160,6 +161,9 @@ def jvp(ctx) -> None:
         return
     op = ctx.op
     source = ("the op is linear=True, so its jvp is the function itself" if op.linear
+              else "the op is multilinear=True, so its jvp is Σᵢ f(…, ẋᵢ, …): check that "
+                   "the function is linear in each argument"
+              if getattr(op, "multilinear", False)
               else "check the jvp rule" if op.jvp_rule is not None
               else "the jvp is derived from the traced vjp rule" if op.vjp_rule is not None
               else "the jvp is JAX's derivative of the traced function")
@@ -183,6 +187,8 @@ def vjp(ctx) -> None:
     op = ctx.op
     rule = ("the fwd/bwd rules" if getattr(op, "bwd_rule", None) is not None
             else "the transpose rule (linear=True)" if op.linear and op.vjp_rule is None
+            else "the transpose rule for this argument (multilinear=True)"
+            if getattr(op, "multilinear", False)
             else "the vjp rule" if op.vjp_rule is not None
             else "the vjp derived from the traced jvp rule" if op.jvp_rule is not None
             else "JAX's vjp of the traced function")
@@ -218,41 +224,79 @@ def _fd_identity(ctx, idx, ts, ybar, cts):
         yield ctx.assess_scalars(*_identity(ybar, jt, cts, ts), fd=True, floor=floor * ynorm)
 
 
-def _linear_part(ctx) -> tuple:
-    """(label, float leaves) the op is declared linear in: all with ``linear=True``,
-    those of ``linear=(i, ...)``'s arguments, or none."""
+def _linear_parts(ctx) -> list:
+    """[(label, float leaves)] the op is declared linear in: all arguments jointly with
+    ``linear=True``, those of ``linear=(i, ...)``'s arguments jointly, each argument
+    by itself with ``multilinear=True``, or none."""
     if ctx.op.linear:
-        return "all arguments", list(ctx.fx)
+        return [("all arguments", list(ctx.fx))]
+    if getattr(ctx.op, "multilinear", False):
+        parts = [(f"argument {g}", [i for i in ctx.fx if ctx.x_group[i] == g])
+                 for g in range(len(ctx.args))]
+        return [(label, idx) for label, idx in parts if idx]
     argnums = tuple(getattr(ctx.op, "linear_argnums", ()))
     idx = [i for i in ctx.fx if ctx.x_group[i] in argnums]
-    return f"argument{'s' * (len(argnums) > 1)} {', '.join(map(str, argnums))}", idx
+    return [(f"argument{'s' * (len(argnums) > 1)} {', '.join(map(str, argnums))}", idx)] \
+        if idx else []
+
+
+def _is_linear_in(ctx, idx, ys=None) -> tuple:
+    """(f(a·x + b·y), a·f(x) + b·f(y)) in the leaves ``idx``, the others fixed."""
+    f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
+    ys = _tangents(ctx, idx) if ys is None else ys
+    a, b = 0.75, -1.25
+    lhs = f(*[a * x + b * y for x, y in zip(xs, ys)])
+    return lhs, [a * u + b * v for u, v in zip(f(*xs), f(*ys))]
+
+
+def _separately_linear(ctx) -> bool:
+    """Whether f is linear in each argument by itself (though not jointly)."""
+    groups = sorted({ctx.x_group[i] for i in ctx.fx})
+    if len(groups) < 2:
+        return False
+    for g in groups:
+        lhs, rhs = _is_linear_in(ctx, [i for i in ctx.fx if ctx.x_group[i] == g])
+        if ctx.assess(lhs, rhs, _float_names(ctx))[3] is not None:
+            return False
+    return True
 
 
 def linearity(ctx) -> None:
     """f(a·x + b·y) = a·f(x) + b·f(y) in the arguments the op is declared linear in."""
-    label, idx = _linear_part(ctx)
-    if not idx:
-        return
-    ctx.current = ("linearity", label)
-    f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
-    ys = _tangents(ctx, idx)
-    a, b = 0.75, -1.25
-    lhs = f(*[a * x + b * y for x, y in zip(xs, ys)])
-    rhs = [a * u + b * v for u, v in zip(f(*xs), f(*ys))]
-    ctx.compare("linearity", label, lhs, rhs, _float_names(ctx),
-                hint=f"The op is declared linear in {label} but its function is not.")
+    for label, idx in _linear_parts(ctx):
+        ctx.current = ("linearity", label)
+        lhs, rhs = _is_linear_in(ctx, idx)
+        verdict = ctx.assess(lhs, rhs, _float_names(ctx))
+        hint = f"The op is declared linear in {label} but its function is not."
+        if verdict[3] is not None and len({ctx.x_group[i] for i in idx}) > 1 \
+                and _separately_linear(ctx):
+            hint += (f" It is linear in each argument by itself, the others fixed (like a "
+                     f"product x·y): bind it with multilinear=True and give "
+                     f"op.def_transpose(rule, argnum=i) for each argument instead.")
+        ctx.record("linearity", label, [verdict], hint)
 
 
 def transpose(ctx) -> None:
     """⟨ȳ, A·ẋ⟩ = ⟨Aᵀ·ȳ, ẋ⟩ in the linear arguments, Aᵀ by jax.linear_transpose."""
-    label, idx = _linear_part(ctx)
-    if not idx or not ctx.fo:
+    for label, idx in _linear_parts(ctx):
+        _transpose_in(ctx, label, idx)
+
+
+def _multilinear_rule(op, label: str) -> str:
+    given = int(label.split()[-1]) in op.transpose_rules
+    return f"the transpose rule for {label}" if given else f"JAX's transpose in {label}"
+
+
+def _transpose_in(ctx, label, idx) -> None:
+    if not ctx.fo:
         return
     ctx.current = ("transpose", label)
     f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
     ybar = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
     cts = jax.linear_transpose(f, *xs)(ybar)
-    rule = "the transpose rule" if ctx.op.linear else "the vjp rule (linear_transpose)"
+    rule = ("the transpose rule" if ctx.op.linear else
+            _multilinear_rule(ctx.op, label) if getattr(ctx.op, "multilinear", False)
+            else "the vjp rule (linear_transpose)")
     for where, part, imag in ctx.groups():
         if not set(part) <= set(idx):
             continue
@@ -262,8 +306,24 @@ def transpose(ctx) -> None:
         for i, t in zip(part, ts):
             full[idx.index(i)] = t
         c = [cts[idx.index(i)] for i in part]
-        ctx.record("transpose", where, [ctx.assess_scalars(*_identity(ybar, f(*full), c, ts))],
-                   hint=f"⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from {rule}.")
+        ax = f(*full)
+        verdict = ctx.assess_scalars(*_identity(ybar, ax, c, ts))
+        hint = f"⟨ȳ, A·ẋ⟩ from the function differs from ⟨Aᵀ·ȳ, ẋ⟩ from {rule}."
+        if verdict[3] is not None and _is_adjoint(ctx, ybar, ax, c, ts):
+            hint += (" It computes the adjoint A^H·ȳ (the conjugate transpose). JAX "
+                     "transposes complex-linear maps without conjugation, pairing ⟨a, b⟩ = "
+                     "Re Σ a·b: return Aᵀ·ȳ = conj(A^H·conj(ȳ)) instead (a symmetric map, "
+                     "such as the DFT, is its own transpose).")
+        ctx.record("transpose", where, [verdict], hint=hint)
+
+
+def _is_adjoint(ctx, ybar, ax, cts, ts) -> bool:
+    """Whether the cotangents satisfy the adjoint's identity Re⟨ȳ, A·ẋ⟩_H = Re⟨c, ẋ⟩_H
+    (with conjugation) instead of the transpose's, for a complex map."""
+    if not any(np.iscomplexobj(np.asarray(v)) for v in (*ybar, *ts)):
+        return False
+    conj = lambda vs: [np.conj(np.asarray(v)) for v in vs]
+    return ctx.assess_scalars(*_identity(conj(ybar), ax, conj(cts), ts))[3] is None
 
 
 # -------------------------------------------------------------------- vmap
@@ -380,7 +440,7 @@ def hessian(ctx) -> None:
                     "disagree: the jvp and vjp rules' derivatives differ.")
 
 
-CHECKS: list = [("spec", spec), ("eager", eager), ("jvp", jvp), ("linearity", linearity),
+CHECKS: list = [("spec", spec), ("eager", eager), ("linearity", linearity), ("jvp", jvp),
                 ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
                 ("vmap of derivatives", vmap_derivatives), ("jit", jit),
                 ("2nd-order jvp", second_order),

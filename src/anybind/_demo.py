@@ -4,8 +4,9 @@ Binds functions nobody here wrote — SciPy's ``gammaln`` (with traced rules
 through ``digamma`` and ``polygamma``, so derivatives of every order),
 NumPy's FFT (linear, with its transpose), a SciPy LU solve ``x = A⁻¹b``
 (linear in b), NumPy's sort with its integer index output, and ducc0's FFT
-when ducc0 is installed — then runs the transformation matrix on each and
-compares every result with an independent pure-JAX reference.
+when ducc0 is installed, and JAXbind's three demos (``_demo_jaxbind``) —
+then runs the transformation matrix on each and compares every result with
+an independent pure-JAX reference.
 """
 from __future__ import annotations
 
@@ -151,6 +152,11 @@ def cases() -> tuple[list, list]:
         out.append(ducc0_fft_case())
     else:
         notes.append("ducc0 not installed: ducc0.fft.c2c left out")
+    from . import _demo_jaxbind  # JAXbind's three demos, ported
+    if importlib.util.find_spec("scipy") is not None:
+        out += _demo_jaxbind.cases(Case, _rng)
+    else:
+        notes.append("scipy not installed: JAXbind's demos left out")
     return out, notes
 
 

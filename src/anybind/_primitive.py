@@ -9,6 +9,9 @@ and ``need`` (which input cotangents to produce):
 - ``f_jvp``:       (xs, ks, ẋ)  ↦ ∂f(x)·ẋ          linear in ẋ; transpose is f_vjp
 - ``f_vjp``:       (xs, ks, ȳ)  ↦ ∂f(x)ᵀ·ȳ         linear in ȳ; transpose is f_jvp
 - ``f_transpose``: (ks, ȳ)      ↦ Aᵀ·ȳ             for linear=True ops; transpose is f
+
+A multilinear op's ``f_transpose`` is its transpose in one argument (see
+``_multilinear``), and those two primitives get their rules from there.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
 
-from . import _batching, _derivatives, _hostcall, _impls
+from . import _batching, _derivatives, _hostcall, _impls, _multilinear
 from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
@@ -61,8 +64,10 @@ class Family:
             prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
             prim.def_effectful_abstract_eval(functools.partial(_abstract_eval, role))
             mlir.register_lowering(prim, functools.partial(_lower, role))
-            ad.primitive_jvps[prim] = functools.partial(_derivatives.jvp_rule, role)
-            ad.primitive_transposes[prim] = functools.partial(_derivatives.transpose_rule, role)
+            rules = _multilinear if op.multilinear and role in ("primal", "transpose") \
+                else _derivatives  # a multilinear op's f and f_transpose: see _multilinear
+            ad.primitive_jvps[prim] = functools.partial(rules.jvp_rule, role)
+            ad.primitive_transposes[prim] = functools.partial(rules.transpose_rule, role)
             batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
             self.prims[role] = prim
         weakref.finalize(op, _unregister, tuple(self.prims.values()))
@@ -94,19 +99,25 @@ def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need
 
 def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=None):
     op = call.op
-    # A vmap rule replaces the batched primal; derived roles batch by the op's mode.
+    # A vmap rule replaces the batched primal; rules batch by their own or the op's mode.
     by_vmap_rule = batch is not None and role == "primal" and op.vmap_rule is not None
-    rule = op.vmap_rule if by_vmap_rule else rule_of(role, call)
+    rule = op.vmap_rule if by_vmap_rule else rule_of(role, call, need)
     if rule is None:
         raise MissingRuleError(missing_rule_message(role, op))
     avals = out_avals(role, call, lin, need)
     names = out_names(role, call, need)
     name = "vmap rule" if by_vmap_rule else role_name(role, call)
     if not rule.traced:
+        if by_vmap_rule:
+            mode = rule
+        elif batch is not None:
+            rule, mode = _batching.host_mode(role, rule, op)
+        else:
+            mode = None
         runner = _hostcall.make_host_runner(
             call, name,
             lambda lead: make_run(role, call, rule, lin, need, np, lead),
-            avals, names, batch, rule if by_vmap_rule else op.vmap,
+            avals, names, batch, mode,
             inplace=role == "primal" and op.inplace and not by_vmap_rule)
         return _hostcall.lower_host(
             ctx, *args, runner=runner, call=call, role_name=name,

@@ -73,9 +73,11 @@ def role_name(role: str, call: Call) -> str:
     return _impls.ROLE_NAMES["bwd" if role == "vjp" and uses_residuals(call) else role]
 
 
-def rule_of(role: str, call: Call) -> Rule | None:
+def rule_of(role: str, call: Call, need=None) -> Rule | None:
     """The user's code that implements a role, or None when it is missing."""
     op = call.op
+    if role == "transpose" and op.multilinear:
+        return _multilinear_rule(call, need)
     if role == "primal":
         return Rule(op.fn, op.traced)
     if role == "fwd":
@@ -102,10 +104,29 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
         return _impls.bwd(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if role == "vjp":
         return _impls.vjp(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
+    if call.op.multilinear:
+        from . import _multilinear
+        return _multilinear.run_transpose(call, rule, need, xp, lead)
     if call.op.transpose_rule is None:  # derived from a traced linear function
         return _traced_linear_transpose(call, lin, need)
     return _impls.transpose(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros,
                             rule.input_shapes)
+
+
+def _multilinear_rule(call: Call, need) -> Rule:
+    """The transpose rule in the argument whose leaves ``need`` marks."""
+    from . import _multilinear
+    op, i = call.op, _multilinear.index_of("transpose", call, need)
+    rule = op.transpose_rules.get(i)
+    if rule is not None:
+        return rule
+    if op.traced:  # JAX transposes the traced function in argument i
+        return Rule(op.fn, True)
+    raise MissingRuleError(
+        f"anybind op '{op.name}' is multilinear but has no transpose rule for argument {i}, "
+        f"so reverse mode (grad, vjp, jacrev) or linear_transpose in it cannot run; add one "
+        f"with op.def_transpose(rule, argnum={i}), rule(primals, ct, **kw) returning the "
+        f"cotangent of argument {i}")
 
 
 def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:

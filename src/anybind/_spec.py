@@ -21,11 +21,17 @@ from jax._src import dtypes as _dtypes
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A user rule and whether it is JAX code (traced) or host code."""
+    """A user rule and whether it is JAX code (traced) or host code.
+
+    ``vmap`` says how a host rule batches: ``"sequential"``, ``"vectorized"``,
+    a host function with the rule's signature written for batched arrays, or
+    None for the op's mode (see ``_batching.host_mode``).
+    """
     fn: Callable[..., Any]
     traced: bool
     symbolic_zeros: bool = False
     input_shapes: bool = False
+    vmap: Any = None
 
     @property
     def kind(self) -> str:
@@ -237,11 +243,12 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
         dtype = _dtypes.canonicalize_dtype(leaf.dtype)
         out_avals.append(ShapedArray(tuple(leaf.shape), dtype))
     paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
-    if op.linear and what == "output spec":
+    if (op.linear or op.multilinear) and what == "output spec":
         bad = [i for i, a in enumerate([*in_avals, *out_avals]) if not is_float(a)]
         if bad:
+            declared = "linear=True" if op.linear else "multilinear=True"
             raise TypeError(
-                f"anybind op '{op.name}' is declared linear=True, so its positional inputs "
+                f"anybind op '{op.name}' is declared {declared}, so its positional inputs "
                 f"and outputs must be floating or complex; got inputs "
                 f"{[fmt_aval(a) for a in in_avals]} and outputs {[fmt_aval(a) for a in out_avals]}")
     return out_tree, tuple(out_avals), paths
