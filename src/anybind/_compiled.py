@@ -294,7 +294,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     """One role as one custom call to the shim; see the table above."""
     import jax.ffi
     from jax.core import ShapedArray
-    from jax.interpreters import mlir
+    from jax._src.interpreters import mlir  # full_like_aval is not public
 
     from ._hostcall import cpu_only
 
