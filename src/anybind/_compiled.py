@@ -256,6 +256,7 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
             f"C calling convention {C_SIGNATURE}: {got}. See ab.numba_signature(), "
             f"ab.ctypes_signature() and ab.C_SIGNATURE")
     lib = load_shim()
+    register_target()  # now, so that a deserialised program finds it without lowering
     address = _address(fn, what)
     base = _base(op.name, kind)
     with _lock:
