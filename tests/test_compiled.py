@@ -278,3 +278,11 @@ def test_signature_helpers():
         ab.dtype_code(np.dtype("datetime64[s]"))
     assert "int32_t" in ab.C_SIGNATURE and ab.ctypes_signature()[1][5] is __import__(
         "ctypes").c_int64
+
+
+@pytest.mark.parametrize("op", [co.mul("cffi", "vectorized"), co.cumsum(), co.exp()],
+                         ids=["mul", "cumsum", "exp"])
+def test_ab_check_verifies_compiled_rules(op):
+    x = 0.5 * X1
+    report = ab.check(op, x, X2) if op.name.startswith("cmul") else ab.check(op, x)
+    assert "FAIL" not in str(report)
