@@ -105,7 +105,8 @@ def test_demo():
     """The one full demo run: exit 0, every op and transformation, all ✓."""
     r = run("demo")
     assert r.returncode == 0, r.stdout + r.stderr
-    for op in ("scipy.special.gammaln", "numpy.fft.fft", "numpy.sort", "scipy.linalg.lu_solve"):
+    for op in ("scipy.special.gammaln", "numpy.fft.fft", "numpy.sort", "scipy.linalg.lu_solve",
+               "numba N-body (compiled)"):
         assert op in r.stdout
     for t in _demo.TRANSFORMS:
         assert t in r.stdout
