@@ -286,3 +286,13 @@ def test_ab_check_verifies_compiled_rules(op):
     x = 0.5 * X1
     report = ab.check(op, x, X2) if op.name.startswith("cmul") else ab.check(op, x)
     assert "FAIL" not in str(report)
+
+
+def test_docstring_examples_run():
+    import doctest
+    import anybind.contrib.nbody as nbody
+    parser = doctest.DocTestParser()
+    for obj in (ab.numba_signature, ab.ctypes_signature, ab.dtype_code, nbody):
+        test = parser.get_doctest(obj.__doc__, {}, obj.__name__, None, 0)
+        result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+        assert result.failed == 0, f"docstring example of {obj.__name__} failed"

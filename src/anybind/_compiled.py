@@ -95,15 +95,17 @@ def numba_signature():
     >>> import anybind as ab, numba, numpy as np
     >>> @numba.cfunc(ab.numba_signature())
     ... def double(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    ...     if dtypes[0] != 11:  # float32 only (ab.dtype_code(np.float32))
+    ...         return 1
     ...     n = 1
     ...     for d in range(ranks[0]):
     ...         n *= shapes[0][d]
-    ...     x = numba.carray(ins[0], n, np.float64)
-    ...     y = numba.carray(outs[0], n, np.float64)
-    ...     y[:] = 2.0 * x
+    ...     x = numba.carray(ins[0], n, np.float32)
+    ...     y = numba.carray(outs[0], n, np.float32)
+    ...     y[:] = 2 * x
     ...     return 0
     >>> op = ab.bind(double, shape=ab.like(0))
-    >>> op(np.arange(3.0)).tolist()
+    >>> op(np.arange(3, dtype=np.float32)).tolist()
     [0.0, 2.0, 4.0]
     """
     from numba import types
