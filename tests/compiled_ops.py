@@ -13,6 +13,8 @@ mul(flavour, m)    x1·x2² with compiled jvp and vjp; C via ctypes or cffi, or
 cumsum             linear=True with a compiled transpose (reverse cumsum)
 exp                compiled fwd/bwd pair keeping exp(x) as the residual
 axpby              a pytree argument and an array keyword operand, Numba
+abs_count          a float and an int64 output (rules see float leaves only)
+scale_int          an int64 positional input (no tangent or cotangent for it)
 checked_sqrt       returns an error status and message for negative input
 gil_held           writes PyGILState_Check() seen from inside the call
 spin               busy-waits x[0] seconds, then copies x
@@ -28,6 +30,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -115,6 +118,38 @@ static int32_t cumsum_dir(ARGS, int reverse) {
 int32_t cumsum(ARGS) { return cumsum_dir(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size, 0); }
 int32_t cumsum_t(ARGS) { return cumsum_dir(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size, 1); }
 
+/* (|x|, number of positive entries as int64): a float and an integer output. */
+int32_t abs_count(ARGS) {
+  if (n_in != 1 || n_out != 2 || dtypes[0] != 12 || dtypes[1] != 12 || dtypes[2] != 5) return 1;
+  double *y = outs[0];
+  int64_t *k = outs[1];
+  *k = 0;
+  for (int64_t i = 0, n = N(0); i < n; ++i) { y[i] = fabs(IN(0, i)); *k += IN(0, i) > 0; }
+  return 0;
+}
+/* jvp: ins x, ẋ -> ẏ for the float output only; vjp: ins x, ȳ -> x̄. Both sign(x)·v. */
+int32_t abs_count_rule(ARGS) {
+  if (n_in != 2 || n_out != 1) return 1;
+  double *t = outs[0];
+  for (int64_t i = 0, n = N(0); i < n; ++i) t[i] = ((IN(0, i) > 0) - (IN(0, i) < 0)) * IN(1, i);
+  return 0;
+}
+
+/* y = x·k for a float x and an int64 k: k has no tangent or cotangent. */
+int32_t scale_int(ARGS) {
+  if (n_in != 2 || n_out != 1 || dtypes[0] != 12 || dtypes[1] != 5) return 1;
+  const int64_t *k = ins[1];
+  for (int64_t i = 0, n = N(0); i < n; ++i) ((double *)outs[0])[i] = IN(0, i) * k[i % N(1)];
+  return 0;
+}
+/* jvp: ins x, k, ẋ -> ẏ = k·ẋ; vjp: ins x, k, ȳ -> x̄ = k·ȳ. */
+int32_t scale_int_rule(ARGS) {
+  if (n_in != 3 || n_out != 1 || dtypes[1] != 5) return 1;
+  const int64_t *k = ins[1];
+  for (int64_t i = 0, n = N(0); i < n; ++i) ((double *)outs[0])[i] = IN(2, i) * k[i % N(1)];
+  return 0;
+}
+
 int32_t checked_sqrt(ARGS) {
   EXPECT(1, 1);
   double *y = outs[0];
@@ -148,8 +183,8 @@ int32_t spin(ARGS) {                     /* busy-wait x[0] seconds; y = x */
 }
 """
 
-_C_FUNCTIONS = ("mul", "mul_jvp", "mul_vjp", "cumsum", "cumsum_t", "checked_sqrt", "gil_held",
-                "spin")
+_C_FUNCTIONS = ("mul", "mul_jvp", "mul_vjp", "cumsum", "cumsum_t", "abs_count", "abs_count_rule",
+                "scale_int", "scale_int_rule", "checked_sqrt", "gil_held", "spin")
 
 
 def build_library(source: str, stem: str) -> Path:
@@ -340,6 +375,30 @@ def axpby(mode: str = "sequential"):
                    name=f"caxpby_{mode}")
 
 
+def abs_count_ref(x):
+    return jnp.abs(x), jnp.sum(x > 0).astype(jnp.int64)
+
+
+@functools.cache
+def abs_count():
+    """A float and an integer output: rules see the float output's tangent only."""
+    k = clib("ctypes")
+    return ab.bind(k["abs_count"], shape=lambda x: (x, jax.ShapeDtypeStruct((), jnp.int64)),
+                   jvp=k["abs_count_rule"], vjp=k["abs_count_rule"], name="cabs_count")
+
+
+def scale_int_ref(x, k):
+    return x * k
+
+
+@functools.cache
+def scale_int():
+    """An integer positional input: rules get no tangent or cotangent for it."""
+    k = clib("cffi")
+    return ab.bind(k["scale_int"], shape=ab.like(0), jvp=k["scale_int_rule"],
+                   vjp=k["scale_int_rule"], name="cscale_int")
+
+
 @functools.cache
 def checked_sqrt(mode: str = "sequential"):
     return ab.bind(clib("ctypes")["checked_sqrt"], shape=ab.like(0), vmap=mode,
@@ -366,6 +425,8 @@ def bind_all() -> None:
         exp(mode)
         axpby(mode)
         checked_sqrt(mode)
+    abs_count()
+    scale_int()
     gil_held()
     spin()
 

@@ -296,3 +296,26 @@ def test_docstring_examples_run():
         test = parser.get_doctest(obj.__doc__, {}, obj.__name__, None, 0)
         result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
         assert result.failed == 0, f"docstring example of {obj.__name__} failed"
+
+
+def test_integer_leaves_have_no_tangents_in_the_convention():
+    x, k = randn((2, 3)), np.arange(6).reshape(2, 3) - 2
+    op, ref = co.abs_count(), co.abs_count_ref
+    for f in (op, jax.jit(op)):
+        y, count = f(x)
+        assert_close(y, jnp.abs(x)) and int(count) == int(np.sum(x > 0))
+        assert count.dtype == np.int64
+    check_first_order(lambda x: op(x)[0], (x,))
+    assert_close(jax.grad(lambda x: (op(x)[0] ** 2).sum())(x),
+                 jax.grad(lambda x: (ref(x)[0] ** 2).sum())(x))
+    xs = randn((4, 2, 3), seed=12)
+    assert_close(jax.vmap(op)(xs), jax.vmap(ref)(xs))
+    s, sref = co.scale_int(), co.scale_int_ref
+    check_first_order(s, (x, k))
+    assert_close(jax.vmap(jax.grad(lambda x, k: (s(x, k) ** 2).sum()), (0, None))(xs, k),
+                 jax.vmap(jax.grad(lambda x, k: (sref(x, k) ** 2).sum()), (0, None))(xs, k))
+
+
+def test_empty_batch_makes_no_call():
+    op = co.checked_sqrt()
+    assert jax.vmap(op)(np.zeros((0, 3))).shape == (0, 3)

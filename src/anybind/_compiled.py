@@ -275,7 +275,7 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
                                    f"{role} under '{name}' (status {status}: "
                                    f"{'key taken' if status == 1 else 'table full'})")
             _by_name[name], _names[(base, address)] = address, name
-        _keep.append(fn)
+            _keep.append(fn)
 
 
 def _describe(classes) -> str:
@@ -309,6 +309,8 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
             f"the call has static keyword(s) {', '.join(k for k, _ in call.static)}; pass "
             f"them as array keyword operands")
     register_target()
+    if batch is not None and batch.size == 0:  # an empty batch: nothing to call
+        return [mlir.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
     n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
     zero_lead = () if batch is None else (1,)
     out_lead = () if batch is None else (batch.size,)
