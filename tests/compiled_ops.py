@@ -18,6 +18,7 @@ scale_int          an int64 positional input (no tangent or cotangent for it)
 checked_sqrt       returns an error status and message for negative input
 gil_held           writes PyGILState_Check() seen from inside the call
 spin               busy-waits x[0] seconds, then copies x
+overlap            how many calls of it ran at once (per-device calls under shard_map)
 =================  ===========================================================
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numba
 import numpy as np
 
 import anybind as ab
@@ -115,8 +117,9 @@ static int32_t cumsum_dir(ARGS, int reverse) {
   }
   return 0;
 }
-int32_t cumsum(ARGS) { return cumsum_dir(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size, 0); }
-int32_t cumsum_t(ARGS) { return cumsum_dir(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size, 1); }
+#define PASS ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size
+int32_t cumsum(ARGS) { return cumsum_dir(PASS, 0); }
+int32_t cumsum_t(ARGS) { return cumsum_dir(PASS, 1); }
 
 /* (|x|, number of positive entries as int64): a float and an integer output. */
 int32_t abs_count(ARGS) {
@@ -171,6 +174,27 @@ int32_t gil_held(ARGS) {                 /* y = PyGILState_Check(), seen from th
   return 0;
 }
 
+/* y = the most calls of this function seen running at once, waiting up to x[0]
+   seconds for a second one to overlap with this one. */
+static int in_flight = 0, most = 0;
+int32_t overlap(ARGS) {
+  EXPECT(1, 1);
+  __atomic_add_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  do {
+    int m = __atomic_load_n(&most, __ATOMIC_SEQ_CST);
+    int now = __atomic_load_n(&in_flight, __ATOMIC_SEQ_CST);
+    if (now > m) __atomic_compare_exchange_n(&most, &m, now, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    clock_gettime(CLOCK_MONOTONIC, &t);
+  } while ((t.tv_sec - t0.tv_sec) + 1e-9 * (t.tv_nsec - t0.tv_nsec) < IN(0, 0) &&
+           __atomic_load_n(&most, __ATOMIC_SEQ_CST) < 2);
+  __atomic_sub_fetch(&in_flight, 1, __ATOMIC_SEQ_CST);
+  double seen = __atomic_load_n(&most, __ATOMIC_SEQ_CST);
+  for (int64_t i = 0, n = N(0); i < n; ++i) ((double *)outs[0])[i] = seen;
+  return 0;
+}
+
 int32_t spin(ARGS) {                     /* busy-wait x[0] seconds; y = x */
   EXPECT(1, 1);
   struct timespec t0, t;
@@ -184,7 +208,7 @@ int32_t spin(ARGS) {                     /* busy-wait x[0] seconds; y = x */
 """
 
 _C_FUNCTIONS = ("mul", "mul_jvp", "mul_vjp", "cumsum", "cumsum_t", "abs_count", "abs_count_rule",
-                "scale_int", "scale_int_rule", "checked_sqrt", "gil_held", "spin")
+                "scale_int", "scale_int_rule", "checked_sqrt", "gil_held", "spin", "overlap")
 
 
 def build_library(source: str, stem: str) -> Path:
@@ -228,97 +252,108 @@ def clib(flavour: str):
 
 # ---------------------------------------------------------------------- Numba kernels
 
-@functools.cache
+# Module-level, so that Numba caches them (tests/__pycache__) for the subprocesses too.
+_SIG = ab.numba_signature()
+
+
+@numba.njit(inline="always")
+def _nb_size(shapes, ranks, i):
+    n = 1
+    for d in range(ranks[i]):
+        n *= shapes[i][d]
+    return n
+
+
+@numba.njit(inline="always")
+def _nb_arr(ptrs, i, shapes, ranks):
+    return numba.carray(ptrs[i], _nb_size(shapes, ranks, i), np.float64)
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_mul(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    x1, x2 = _nb_arr(ins, 0, shapes, ranks), _nb_arr(ins, 1, shapes, ranks)
+    y = numba.carray(outs[0], _nb_size(shapes, ranks, 2), np.float64)
+    for i in range(y.size):
+        y[i] = x1[i % x1.size] * x2[i % x2.size] ** 2
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_mul_jvp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    x1, x2 = _nb_arr(ins, 0, shapes, ranks), _nb_arr(ins, 1, shapes, ranks)
+    d1, d2 = _nb_arr(ins, 2, shapes, ranks), _nb_arr(ins, 3, shapes, ranks)
+    t = numba.carray(outs[0], _nb_size(shapes, ranks, 4), np.float64)
+    for i in range(t.size):
+        a, b = x1[i % x1.size], x2[i % x2.size]
+        t[i] = b * b * d1[i % d1.size] + 2 * a * b * d2[i % d2.size]
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_mul_vjp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    x1, x2, ct = _nb_arr(ins, 0, shapes, ranks), _nb_arr(ins, 1, shapes, ranks), \
+        _nb_arr(ins, 2, shapes, ranks)
+    n = _nb_size(shapes, ranks, 3)
+    a, b = numba.carray(outs[0], n, np.float64), numba.carray(outs[1], n, np.float64)
+    for i in range(n):
+        u, v, c = x1[i % x1.size], x2[i % x2.size], ct[i % ct.size]
+        a[i], b[i] = v * v * c, 2 * u * v * c
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_exp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    x, y = _nb_arr(ins, 0, shapes, ranks), numba.carray(outs[0], _nb_size(shapes, ranks, 1),
+                                                    np.float64)
+    y[:] = np.exp(x)
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_exp_fwd(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    x = _nb_arr(ins, 0, shapes, ranks)
+    y = numba.carray(outs[0], x.size, np.float64)
+    r = numba.carray(outs[1], x.size, np.float64)
+    y[:] = np.exp(x)
+    r[:] = y
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_exp_bwd(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    r, ct = _nb_arr(ins, 0, shapes, ranks), _nb_arr(ins, 1, shapes, ranks)
+    xb = numba.carray(outs[0], _nb_size(shapes, ranks, 2), np.float64)
+    for i in range(xb.size):
+        xb[i] = r[i % r.size] * ct[i % ct.size]
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_axpby(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    # ({"x": x, "y": y}, w=w) -> w·x + y, with leaf order x, y, then w
+    x, y, w = _nb_arr(ins, 0, shapes, ranks), _nb_arr(ins, 1, shapes, ranks), \
+        _nb_arr(ins, 2, shapes, ranks)
+    out = numba.carray(outs[0], _nb_size(shapes, ranks, 3), np.float64)
+    for i in range(out.size):
+        out[i] = w[i % w.size] * x[i % x.size] + y[i % y.size]
+    return 0
+
+
+@numba.cfunc(_SIG, cache=True)
+def _nb_axpby_vjp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    # ins x, y, w, ȳ -> outs xb = w·ȳ, ȳ̄ = ȳ
+    w, ct = _nb_arr(ins, 2, shapes, ranks), _nb_arr(ins, 3, shapes, ranks)
+    n = _nb_size(shapes, ranks, 4)
+    a, b = numba.carray(outs[0], n, np.float64), numba.carray(outs[1], n, np.float64)
+    for i in range(n):
+        a[i], b[i] = w[i % w.size] * ct[i % ct.size], ct[i % ct.size]
+    return 0
+
+
 def numba_kernels() -> dict:
-    import numba
-    sig = ab.numba_signature()
-
-    @numba.njit(inline="always")
-    def size(shapes, ranks, i):
-        n = 1
-        for d in range(ranks[i]):
-            n *= shapes[i][d]
-        return n
-
-    @numba.njit(inline="always")
-    def arr(ptrs, i, shapes, ranks):
-        return numba.carray(ptrs[i], size(shapes, ranks, i), np.float64)
-
-    @numba.cfunc(sig, cache=True)
-    def mul(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        x1, x2 = arr(ins, 0, shapes, ranks), arr(ins, 1, shapes, ranks)
-        y = numba.carray(outs[0], size(shapes, ranks, 2), np.float64)
-        for i in range(y.size):
-            y[i] = x1[i % x1.size] * x2[i % x2.size] ** 2
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def mul_jvp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        x1, x2 = arr(ins, 0, shapes, ranks), arr(ins, 1, shapes, ranks)
-        d1, d2 = arr(ins, 2, shapes, ranks), arr(ins, 3, shapes, ranks)
-        t = numba.carray(outs[0], size(shapes, ranks, 4), np.float64)
-        for i in range(t.size):
-            a, b = x1[i % x1.size], x2[i % x2.size]
-            t[i] = b * b * d1[i % d1.size] + 2 * a * b * d2[i % d2.size]
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def mul_vjp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        x1, x2, ct = arr(ins, 0, shapes, ranks), arr(ins, 1, shapes, ranks), \
-            arr(ins, 2, shapes, ranks)
-        n = size(shapes, ranks, 3)
-        a, b = numba.carray(outs[0], n, np.float64), numba.carray(outs[1], n, np.float64)
-        for i in range(n):
-            u, v, c = x1[i % x1.size], x2[i % x2.size], ct[i % ct.size]
-            a[i], b[i] = v * v * c, 2 * u * v * c
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def exp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        x, y = arr(ins, 0, shapes, ranks), numba.carray(outs[0], size(shapes, ranks, 1),
-                                                        np.float64)
-        y[:] = np.exp(x)
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def exp_fwd(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        x = arr(ins, 0, shapes, ranks)
-        y = numba.carray(outs[0], x.size, np.float64)
-        r = numba.carray(outs[1], x.size, np.float64)
-        y[:] = np.exp(x)
-        r[:] = y
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def exp_bwd(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        r, ct = arr(ins, 0, shapes, ranks), arr(ins, 1, shapes, ranks)
-        xb = numba.carray(outs[0], size(shapes, ranks, 2), np.float64)
-        for i in range(xb.size):
-            xb[i] = r[i % r.size] * ct[i % ct.size]
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def axpby(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        # ({"x": x, "y": y}, w=w) -> w·x + y, with leaf order x, y, then w
-        x, y, w = arr(ins, 0, shapes, ranks), arr(ins, 1, shapes, ranks), \
-            arr(ins, 2, shapes, ranks)
-        out = numba.carray(outs[0], size(shapes, ranks, 3), np.float64)
-        for i in range(out.size):
-            out[i] = w[i % w.size] * x[i % x.size] + y[i % y.size]
-        return 0
-
-    @numba.cfunc(sig, cache=True)
-    def axpby_vjp(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
-        # ins x, y, w, ȳ -> outs xb = w·ȳ, ȳ̄ = ȳ
-        w, ct = arr(ins, 2, shapes, ranks), arr(ins, 3, shapes, ranks)
-        n = size(shapes, ranks, 4)
-        a, b = numba.carray(outs[0], n, np.float64), numba.carray(outs[1], n, np.float64)
-        for i in range(n):
-            a[i], b[i] = w[i % w.size] * ct[i % ct.size], ct[i % ct.size]
-        return 0
-
-    return dict(mul=mul, mul_jvp=mul_jvp, mul_vjp=mul_vjp, exp=exp, exp_fwd=exp_fwd,
-                exp_bwd=exp_bwd, axpby=axpby, axpby_vjp=axpby_vjp)
+    return dict(mul=_nb_mul, mul_jvp=_nb_mul_jvp, mul_vjp=_nb_mul_vjp, exp=_nb_exp,
+                exp_fwd=_nb_exp_fwd, exp_bwd=_nb_exp_bwd, axpby=_nb_axpby,
+                axpby_vjp=_nb_axpby_vjp)
 
 
 def kernels(flavour: str) -> dict:
@@ -415,6 +450,12 @@ def spin():
     return ab.bind(clib("cffi")["spin"], shape=ab.like(0), has_side_effect=True, name="spin")
 
 
+@functools.cache
+def overlap():
+    return ab.bind(clib("ctypes")["overlap"], shape=ab.like(0), has_side_effect=True,
+                   name="overlap")
+
+
 def bind_all() -> None:
     """Bind every op, in a fixed order, so that stable names match across processes."""
     for flavour in FLAVOURS:
@@ -429,6 +470,7 @@ def bind_all() -> None:
     scale_int()
     gil_held()
     spin()
+    overlap()
 
 
 bind_all()

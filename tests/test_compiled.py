@@ -15,7 +15,8 @@ from jax import lax
 import anybind as ab
 from anybind import _compiled
 import compiled_ops as co
-from helpers import assert_close, check_first_order, check_transpose_identity, randn
+from helpers import (assert_close, check_first_order, check_transpose_identity, randn,
+                     run_fresh_python)
 from ops import mul_ref
 
 X1, X2 = randn((2, 3)), randn((2, 3), seed=1)
@@ -319,3 +320,22 @@ def test_integer_leaves_have_no_tangents_in_the_convention():
 def test_empty_batch_makes_no_call():
     op = co.checked_sqrt()
     assert jax.vmap(op)(np.zeros((0, 3))).shape == (0, 3)
+
+
+def test_per_device_calls_run_in_parallel_under_shard_map():
+    """Two CPU devices: both shards' calls are seen running at the same time."""
+    res = run_fresh_python("""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        import jax, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        jax.config.update("jax_enable_x64", True)
+        import compiled_ops
+        mesh = jax.make_mesh((2,), ("d",))
+        f = jax.jit(jax.shard_map(compiled_ops.overlap(), mesh=mesh, in_specs=P("d"),
+                                  out_specs=P("d")))
+        x = jax.device_put(np.full(2, 5.0), NamedSharding(mesh, P("d")))
+        print(np.asarray(f(x)).tolist())
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[2.0, 2.0]"

@@ -1,10 +1,6 @@
 """jax.export of programs that call compiled ops: they serialise with no
 ``disabled_checks``, and run in a fresh process that imports the module that
 binds the ops (``compiled_ops.py``), with the same results as here."""
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import jax
@@ -13,9 +9,7 @@ import numpy as np
 
 import anybind as ab
 import compiled_ops as co
-from helpers import assert_close, randn
-
-HERE = Path(__file__).resolve().parent
+from helpers import assert_close, randn, run_fresh_python
 
 
 def _program(x1, x2, xs):
@@ -29,11 +23,8 @@ def _program(x1, x2, xs):
     return y, g, t, v, s
 
 
-def _run_fresh(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+def _run_fresh(script: str, tmp_path: Path):
+    return run_fresh_python(script, cwd=tmp_path)
 
 
 def test_exported_program_runs_in_a_fresh_process(tmp_path):
