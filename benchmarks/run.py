@@ -52,6 +52,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import routes  # noqa: E402
+import ffi_routes  # noqa: E402
 
 SIZES = (1, 1_000, 1_000_000)
 GRAD1_N = 1_000_000
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sample-ms", type=float, help="length of one sample in ms (default 1)")
     p.add_argument("--mem-n", type=int, help=f"memory test size (default {MEM_N:,})")
     p.add_argument("--only", help="comma-separated groups: "
-                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,memory")
+                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,ffi,memory")
     p.add_argument("--out", default=str(HERE / "results.json"))
     p.add_argument("--update-readme", action="store_true",
                    help="write the tables into benchmarks/README.md")
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
     mem_n = a.mem_n or (5_000_000 if a.quick else MEM_N)
     groups = set(a.only.split(",")) if a.only else {"calls", "grads", "grad1", "vmap",
                                                      "vmapfft", "jacrev", "solve", "memory"}
+                                                     "jacrev", "solve", "ffi", "memory"}
     info = machine()
     print("machine:", json.dumps(info))
     print(f"repeats={repeats}, sample≈{sample_s * 1e3:g} ms; min is the headline "
@@ -427,6 +429,11 @@ def main(argv: list[str] | None = None) -> dict:
             note += " anybind has no def_fwd/def_bwd in this checkout."
         emit(single_table(f"jit(value_and_grad(sum(solve(A, b)))), A {routes.N_LU}×"
                           f"{routes.N_LU}: reusing the LU factorisation", res, None, note))
+    if "ffi" in groups:
+        res = {n: run_group(ffi_routes.calls(n), repeats, sample_s) for n in SIZES}
+        scan = run_group(ffi_routes.scans(), repeats, sample_s)
+        results["ffi"] = {**{str(n): r for n, r in res.items()}, "scan": scan}
+        emit(ffi_routes.table(res, scan))
     if "memory" in groups:
         res = memory(mem_n)
         results["memory"] = res

@@ -163,3 +163,21 @@ def jvp_and_vjp(fs, args, dargs, ybar):
     def run(args, dargs, ybar):
         return [jax.jvp(f, args, dargs) + (jax.vjp(f, *args)[1](ybar),) for f in fs]
     return jax.jit(run)(args, dargs, ybar)
+
+
+def run_fresh_python(script: str, cwd=None):
+    """Run ``script`` in a new Python process that imports this checkout's anybind and
+    the tests' modules; returns the ``subprocess.CompletedProcess``."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    import anybind
+    tests, src = Path(__file__).resolve().parent, Path(anybind.__file__).resolve().parents[1]
+    paths = [str(tests), str(src)] + [os.path.abspath(p) for p in
+                                      os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)

@@ -23,3 +23,14 @@ def test_anybind_route_at_n1_is_right_and_measurable():
                       warmup_s=0.0)
     assert res["anybind"]["calls_per_sample"] == 1
     assert np.isfinite(res["anybind"]["min_us"])
+
+
+def test_ffi_routes_agree_per_call_and_inside_the_scan():
+    """The compiled routes and the hand-written C++ handler compute f (no timing)."""
+    run = _load_run()
+    run.check(run.ffi_routes.calls(3))
+    run.check(run.ffi_routes.scans(3))
+    text = run.ffi_routes.table(
+        {1: {name: {"min_us": 1.0, "median_us": 2.0} for name in run.ffi_routes.functions()}},
+        {name: {"min_us": 1.0, "median_us": 2.0} for name in run.ffi_routes.functions()})
+    assert "hand-written C++ FFI" in text and "anybind compiled (C)" in text

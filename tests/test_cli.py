@@ -106,7 +106,8 @@ def test_demo():
     r = run("demo")
     assert r.returncode == 0, r.stdout + r.stderr
     for op in ("scipy.special.gammaln", "numpy.fft.fft", "numpy.sort", "scipy.linalg.lu_solve",
-               "JAXbind 01: scipy.fft.fftn", "JAXbind 02: multilinear", "JAXbind 03: nonlinear"):
+               "JAXbind 01: scipy.fft.fftn", "JAXbind 02: multilinear", "JAXbind 03: nonlinear",
+               "numba N-body (compiled)"):
         assert op in r.stdout
     for t in _demo.TRANSFORMS:
         assert t in r.stdout

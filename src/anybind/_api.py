@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util
 
+from . import _compiled
 from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
@@ -38,6 +39,7 @@ class Op:
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
         self.name = _primitive_name(name or getattr(fn, "__name__", None) or "op")
+        _compiled.adopt(self, "function", fn, traced)
         self.shape = shape
         if isinstance(linear, (tuple, list)):
             if not all(isinstance(i, int) and i >= 0 for i in linear):
@@ -123,6 +125,7 @@ class Op:
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
+            _compiled.adopt(self, kind, r, traced)
             made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap)
             if argnum is None:
                 setattr(self, f"{kind}_rule", made)

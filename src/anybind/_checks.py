@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
+from . import _compiled
+
 _B = 3  # batch size of the vmap checks
 
 
@@ -75,6 +77,10 @@ def spec(ctx) -> None:
     if op.traced and op.shape is None:
         ctx.direct = None
         ctx.ok("spec", "inferred from the traced function")
+        return
+    if _compiled.is_compiled(op.fn):  # runs on XLA's buffers of the declared spec only
+        ctx.direct = None
+        ctx.ok("spec", "compiled function: writes the declared outputs")
         return
     ctx.current = ("spec", "calling the function directly")
     if op.traced:

@@ -3,10 +3,11 @@
 Binds functions nobody here wrote — SciPy's ``gammaln`` (with traced rules
 through ``digamma`` and ``polygamma``, so derivatives of every order),
 NumPy's FFT (linear, with its transpose), a SciPy LU solve ``x = A⁻¹b``
-(linear in b), NumPy's sort with its integer index output, and ducc0's FFT
-when ducc0 is installed, and JAXbind's three demos (``_demo_jaxbind``) —
-then runs the transformation matrix on each and compares every result with
-an independent pure-JAX reference.
+(linear in b), NumPy's sort with its integer index output, ducc0's FFT
+when ducc0 is installed, JAXbind's three demos (``_demo_jaxbind``), and a
+Numba N-body kernel bound as compiled code (no Python in the call) when Numba
+is installed — then runs the transformation matrix on each and compares every
+result with an independent pure-JAX reference.
 """
 from __future__ import annotations
 
@@ -140,6 +141,20 @@ def sort_case() -> Case:
                 lambda x: sort(x)[0], jnp.sort, x, hessian=False)
 
 
+def nbody_case() -> Case:
+    """A Numba direct-summation gravity kernel with compiled jvp and vjp (no Python)."""
+    from anybind.contrib.nbody import accelerations, accelerations_ref
+
+    rng = _rng()
+    x, m = rng.normal(size=(24, 3)), rng.uniform(0.5, 1.5, size=24)
+    return Case("numba N-body (compiled)", accelerations, ((x, m), {}),
+                lambda x: accelerations(x, m), lambda x: accelerations_ref(x, m), x,
+                rng.normal(size=(4, 24, 3)),
+                lambda r: accelerations(r.reshape(8, 3), m[:8]).ravel(),
+                lambda r: accelerations_ref(r.reshape(8, 3), m[:8]).ravel(),
+                rng.normal(size=24), hessian=False)
+
+
 def cases() -> tuple[list, list]:
     """The demo's cases, and notes on those left out (missing optional libraries)."""
     out, notes = [numpy_fft_case(), sort_case()], []
@@ -157,6 +172,10 @@ def cases() -> tuple[list, list]:
         out += _demo_jaxbind.cases(Case, _rng)
     else:
         notes.append("scipy not installed: JAXbind's demos left out")
+    if importlib.util.find_spec("numba") is not None:
+        out.append(nbody_case())
+    else:
+        notes.append("numba not installed: the compiled N-body kernel left out")
     return out, notes
 
 
@@ -267,7 +286,7 @@ def run(show: Callable[[str], None] | None = print) -> dict:
 
 def _versions() -> dict:
     v = {"jax": jax.__version__, "numpy": np.__version__}
-    for mod in ("scipy", "ducc0"):
+    for mod in ("scipy", "ducc0", "numba"):
         if importlib.util.find_spec(mod) is not None:
             v[mod] = __import__(mod).__version__
     return v

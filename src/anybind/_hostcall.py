@@ -73,6 +73,9 @@ def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
         for msg in op._host_errors:
             if msg in text:
                 return op._host_errors.pop(msg)
+    mark = f"anybind op '{op.name}': the compiled "  # an error of compiled code (_shim.c)
+    if mark in text:
+        return HostError(text[text.index(mark):])
     return None
 
 
@@ -169,8 +172,8 @@ def _inplace_runner(make_run: Callable, batch: Batch | None, mode) -> Callable:
     return runner
 
 
-def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
-               has_side_effect: bool):
+def cpu_only(ctx, call: Call) -> str:
+    """The CPU target of this lowering, or a clear error for other platforms."""
     platforms = ctx.module_context.platforms
     target = _TARGETS.get(platforms[0]) if len(platforms) == 1 else None
     if target is None:
@@ -178,6 +181,18 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
             f"anybind op '{call.op.name}': host code runs on the CPU backend only; this "
             f"program is compiled for {platforms}. Bind a traced (JAX) function, or place "
             f"the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
+    return target
+
+
+def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
+               has_side_effect: bool):
+    target = cpu_only(ctx, call)
+    if ctx.module_context.lowering_parameters.for_export:
+        raise ValueError(
+            f"anybind op '{call.op.name}': its {role_name} is Python host code, which "
+            f"jax.export cannot serialise; bind a compiled function (a Numba @cfunc, a "
+            f"ctypes or cffi function of anybind's C calling convention) or a traced one "
+            f"to export programs that use it")
     n_in = len(args)
     op_name = call.op.name
 

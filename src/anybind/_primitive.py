@@ -27,7 +27,7 @@ from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
 
-from . import _batching, _derivatives, _hostcall, _impls, _multilinear
+from . import _batching, _compiled, _derivatives, _hostcall, _impls, _multilinear
 from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
@@ -107,6 +107,14 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
     avals = out_avals(role, call, lin, need)
     names = out_names(role, call, need)
     name = "vmap rule" if by_vmap_rule else role_name(role, call)
+    # The route: compiled code through XLA's FFI, host code through a callback, or
+    # traced code inline.
+    if _compiled.is_compiled(rule.fn):
+        return _compiled.lower(
+            ctx, *args, role=role, kind=_compiled.kind_of_role(role, call, by_vmap_rule),
+            call=call, rule=rule, batch=batch, lin=lin, need=need,
+            mode="vectorized" if by_vmap_rule else op.vmap,
+            has_side_effect=role in ("primal", "fwd") and op.has_side_effect)
     if not rule.traced:
         if by_vmap_rule:
             mode = rule
