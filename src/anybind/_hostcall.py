@@ -171,22 +171,19 @@ def _inplace_runner(make_run: Callable, batch: Batch | None, mode) -> Callable:
 
 def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
                has_side_effect: bool):
-    platforms = ctx.module_context.platforms
-    target = _TARGETS.get(platforms[0]) if len(platforms) == 1 else None
-    if target is None:
-        raise NotImplementedError(
-            f"anybind op '{call.op.name}': host code runs on the CPU backend only; this "
-            f"program is compiled for {platforms}. Bind a traced (JAX) function, or place "
-            f"the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
-    n_in = len(args)
-    op_name = call.op.name
+    index = register(ctx, call, host_callback(call, role_name, runner, len(ctx.avals_out)))
+    return emit(ctx, *args, index=index, has_side_effect=has_side_effect)
 
-    op = call.op
+
+def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> Callable:
+    """The callback XLA calls with its buffers: runs ``runner``, keeps a failure's HostError."""
+    op_name, op = call.op.name, call.op
 
     def callback(exec_ctx, *buffers):
         del exec_ctx
+        n = len(buffers) - n_out
         try:
-            runner(_in_views(buffers[:n_in]), [np.asarray(b) for b in buffers[n_in:]])
+            runner(_in_views(buffers[:n]), [np.asarray(b) for b in buffers[n:]])
         except Exception as e:
             if not isinstance(e, HostError):
                 e = HostError(f"anybind op '{op_name}': the {role_name} raised "
@@ -194,8 +191,23 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
             remember_host_error(op, e)
             raise e
         return ()
+    return callback
 
+
+def register(ctx, call: Call, callback: Callable) -> np.uint64:
+    """Register a host callback with the program being lowered; its index there."""
+    platforms = ctx.module_context.platforms
+    if len(platforms) != 1 or platforms[0] not in _TARGETS:
+        raise NotImplementedError(
+            f"anybind op '{call.op.name}': host code runs on the CPU backend only; this "
+            f"program is compiled for {platforms}. Bind a traced (JAX) function, or place "
+            f"the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
     ctx.module_context.add_host_callback(callback)
-    index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    return np.uint64(len(ctx.module_context.host_callbacks) - 1)
+
+
+def emit(ctx, *args, index: np.uint64, has_side_effect: bool):
+    """The custom call that runs host callback ``index`` of the program on ``args``."""
+    target = _TARGETS[ctx.module_context.platforms[0]]
     rule = jax.ffi.ffi_lowering(target, has_side_effect=has_side_effect)
     return rule(ctx, *args, index=index)
