@@ -9,6 +9,9 @@ and ``need`` (which input cotangents to produce):
 - ``f_jvp``:       (xs, ks, ẋ)  ↦ ∂f(x)·ẋ          linear in ẋ; transpose is f_vjp
 - ``f_vjp``:       (xs, ks, ȳ)  ↦ ∂f(x)ᵀ·ȳ         linear in ȳ; transpose is f_jvp
 - ``f_transpose``: (ks, ȳ)      ↦ Aᵀ·ȳ             for linear=True ops; transpose is f
+
+An op with ``shard=`` lowers its host roles per shard on multi-device programs
+and types its outputs (vma, Explicit shardings) by its rule: see ``_partition``.
 """
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ class Family:
             ad.primitive_jvps[prim] = functools.partial(_derivatives.jvp_rule, role)
             ad.primitive_transposes[prim] = functools.partial(_derivatives.transpose_rule, role)
             batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
-            dispatch.prim_requires_devices_during_lowering.add(prim)  # see _partition.lower
+            if op.shard is not None:  # lowered per shard: needs the devices (_partition)
+                dispatch.prim_requires_devices_during_lowering.add(prim)
             self.prims[role] = prim
         weakref.finalize(op, _unregister, tuple(self.prims.values()))
 
