@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util
 
-from . import _compiled
+from . import _compiled, _partition
 from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
@@ -34,7 +34,8 @@ class Op:
     def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear,
                  vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
                  examples: Callable[[], tuple] | None = None, out: bool = False,
-                 multilinear: bool = False):
+                 multilinear: bool = False, shard: str | None = None,
+                 replicated: tuple[str, ...] = ()):
         if not callable(fn):
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -61,6 +62,12 @@ class Op:
         self._version = 0
         self._host_errors: dict = {}  # see _hostcall.remember_host_error
         self.inplace = bool(out)
+        self.shard = _partition.parse_rule(self.name, shard, replicated)
+        self._shard_factors: dict = {}
+        if self.shard is not None and self.has_side_effect:
+            raise TypeError(f"anybind op '{self.name}': has_side_effect=True runs the function "
+                            f"exactly once per execution, so it cannot also run per shard "
+                            f"(shard=)")
         if self.inplace and self.traced:
             raise TypeError(f"anybind op '{self.name}': out=True is for host functions that "
                             f"write into preallocated outputs; a traced function returns them")
@@ -134,6 +141,7 @@ class Op:
             with self._lock:  # calls made from now on use the new rule, eagerly and under jit
                 self._version += 1
                 self._calls.clear()
+                self._shard_factors.clear()
             return r
         return register if rule is None else register(rule)
 
@@ -264,7 +272,8 @@ class Op:
         if call is None:
             call = self._make_call(*key)
         if any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
-            outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
+            ops = _partition.vary([*xs, *ks])  # inside shard_map: one set of varying axes
+            outs = self._family["primal"].bind(*ops, call=call, batch=None)
         else:  # eager: a failing host call surfaces as the HostError it raised
             try:
                 outs = self._family["primal"].bind(*xs, *ks, call=call, batch=None)
@@ -291,6 +300,8 @@ class Op:
                 "residual spec")
         call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
                     out_avals, paths, kw_paths, res_tree, res_avals, static_types, self._version)
+        if self.shard is not None:
+            _partition.factors_of(call)  # the rule must fit: a TypeError at the first call
         with self._lock:
             self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
         return call
@@ -316,7 +327,8 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
          vmap: VmapMode | None = None,
          traced: bool = False,
          has_side_effect: bool = False, name: str | None = None,
-         examples: Callable[[], tuple] | None = None, out: bool = False):
+         examples: Callable[[], tuple] | None = None, out: bool = False,
+         shard: str | None = None, replicated: tuple[str, ...] = ()):
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -350,6 +362,13 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
         and returns None. No output is copied. Rules keep the return form.
       examples: a callable returning ``(args, kwargs)`` of example inputs, used by
         ``ab.check`` and ``python -m anybind check`` when none are given.
+      shard: how the op splits over devices under ``jit`` with sharded inputs: an
+        einsum-like rule over the flat positional array leaves, then the keyword
+        array operands, ``->`` and the outputs (``"b n, n -> b n"``,
+        ``"... n -> ... n"``), or ``"elementwise"``. A factor in an output and an
+        operand may be split across devices; each device runs ``fn`` (and every
+        rule) on its slice. Without it the op runs whole (replicated).
+      replicated: factors of ``shard`` that must stay whole (an FFT's axis).
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
@@ -360,7 +379,8 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     """
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
                    vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
-                   examples=examples, out=out, multilinear=multilinear)
+                   examples=examples, out=out, multilinear=multilinear, shard=shard,
+                   replicated=replicated)
     if fn is None:
         return lambda f: Op(f, **options)
     return Op(fn, **options)

@@ -186,22 +186,20 @@ def cpu_only(ctx, call: Call) -> str:
 
 def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
                has_side_effect: bool):
-    target = cpu_only(ctx, call)
-    if ctx.module_context.lowering_parameters.for_export:
-        raise ValueError(
-            f"anybind op '{call.op.name}': its {role_name} is Python host code, which "
-            f"jax.export cannot serialise; bind a compiled function (a Numba @cfunc, a "
-            f"ctypes or cffi function of anybind's C calling convention) or a traced one "
-            f"to export programs that use it")
-    n_in = len(args)
-    op_name = call.op.name
+    index = register(ctx, call, role_name,
+                     host_callback(call, role_name, runner, len(ctx.avals_out)))
+    return emit(ctx, *args, index=index, has_side_effect=has_side_effect)
 
-    op = call.op
+
+def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> Callable:
+    """The callback XLA calls with its buffers: runs ``runner``, keeps a failure's HostError."""
+    op_name, op = call.op.name, call.op
 
     def callback(exec_ctx, *buffers):
         del exec_ctx
+        n = len(buffers) - n_out
         try:
-            runner(_in_views(buffers[:n_in]), [np.asarray(b) for b in buffers[n_in:]])
+            runner(_in_views(buffers[:n]), [np.asarray(b) for b in buffers[n:]])
         except Exception as e:
             if not isinstance(e, HostError):
                 e = HostError(f"anybind op '{op_name}': the {role_name} raised "
@@ -209,8 +207,24 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
             remember_host_error(op, e)
             raise e
         return ()
+    return callback
 
+
+def register(ctx, call: Call, role_name: str, callback: Callable) -> np.uint64:
+    """Register a host callback with the program being lowered; its index there."""
+    cpu_only(ctx, call)
+    if ctx.module_context.lowering_parameters.for_export:
+        raise ValueError(
+            f"anybind op '{call.op.name}': its {role_name} is Python host code, which "
+            f"jax.export cannot serialise; bind a compiled function (a Numba @cfunc, a "
+            f"ctypes or cffi function of anybind's C calling convention) or a traced one "
+            f"to export programs that use it")
     ctx.module_context.add_host_callback(callback)
-    index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    return np.uint64(len(ctx.module_context.host_callbacks) - 1)
+
+
+def emit(ctx, *args, index: np.uint64, has_side_effect: bool):
+    """The custom call that runs host callback ``index`` of the program on ``args``."""
+    target = _TARGETS[ctx.module_context.platforms[0]]
     rule = jax.ffi.ffi_lowering(target, has_side_effect=has_side_effect)
     return rule(ctx, *args, index=index)

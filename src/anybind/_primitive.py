@@ -27,7 +27,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
 
-from . import _batching, _compiled, _derivatives, _hostcall, _impls, _multilinear
+from . import (_batching, _compiled, _derivatives, _hostcall, _impls, _multilinear,
+               _partition)
 from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
@@ -69,6 +70,7 @@ class Family:
             ad.primitive_jvps[prim] = functools.partial(rules.jvp_rule, role)
             ad.primitive_transposes[prim] = functools.partial(rules.transpose_rule, role)
             batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
+            dispatch.prim_requires_devices_during_lowering.add(prim)  # see _partition.lower
             self.prims[role] = prim
         weakref.finalize(op, _unregister, tuple(self.prims.values()))
 
@@ -86,12 +88,13 @@ def _unregister(prims) -> None:
                 del table[prim]
             except (KeyError, TypeError, AttributeError):
                 pass
+        dispatch.prim_requires_devices_during_lowering.discard(prim)
 
 
 def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need=None):
-    del avals
     lead = () if batch is None else (batch.size,)
     outs = [ShapedArray(lead + a.shape, a.dtype) for a in out_avals(role, call, lin, need)]
+    outs = _partition.typed(role, avals, outs, call, batch, lin, need)
     effectful = role in ("primal", "fwd") and call.op.has_side_effect
     effs = {HOST_EFFECT} if effectful else effects.no_effects
     return outs, effs
@@ -122,14 +125,20 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
             rule, mode = _batching.host_mode(role, rule, op)
         else:
             mode = None
-        runner = _hostcall.make_host_runner(
-            call, name,
-            lambda lead: make_run(role, call, rule, lin, need, np, lead),
-            avals, names, batch, mode,
-            inplace=role == "primal" and op.inplace and not by_vmap_rule)
-        return _hostcall.lower_host(
-            ctx, *args, runner=runner, call=call, role_name=name,
-            has_side_effect=role in ("primal", "fwd") and op.has_side_effect)
+
+        def runner_for(call: Call, batch: Batch | None) -> Callable:
+            return _hostcall.make_host_runner(
+                call, name,
+                lambda lead: make_run(role, call, rule, lin, need, np, lead),
+                out_avals(role, call, lin, need), names, batch, mode,
+                inplace=role == "primal" and op.inplace and not by_vmap_rule)
+        effect = role in ("primal", "fwd") and op.has_side_effect
+        if op.shard is not None and _partition.partitioned(ctx):  # per shard, many devices
+            return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
+                                    need=need, role_name=name, runner_for=runner_for,
+                                    has_side_effect=effect)
+        return _hostcall.lower_host(ctx, *args, runner=runner_for(call, batch), call=call,
+                                    role_name=name, has_side_effect=effect)
     if by_vmap_rule:
         fn = _traced_vmap_rule(call, rule, batch)
     else:
