@@ -441,7 +441,8 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
                      splittable, set(mesh.axis_names), sizes=sizes)
         return [NamedSharding(mesh, P(*[plan.get(f) for f in fl])) for fl in res_f]
 
-    whole = tuple(sorted({f for fl in ops_f + res_f for f in fl} - splittable))
+    seen = list(dict.fromkeys(f for fl in ops_f + res_f for f in fl))  # Shardy's order
+    whole = tuple(f for f in seen if f not in splittable)
     rule = SdyShardingRule(tuple(ArrayMapping(*fl) for fl in ops_f),
                            tuple(ArrayMapping(*fl) for fl in res_f),
                            need_replication_factors=whole)
