@@ -284,6 +284,17 @@ class Op:
                 raise err from None
         return tree_util.tree_unflatten(call.out_tree, outs)
 
+    def _call_of(self, *args: Any, **kwargs: Any) -> Call:
+        """The ``Call`` of calling the op on these inputs (as ``__call__`` makes it)."""
+        operands, static = split_kwargs(self, kwargs)
+        xs, args_tree = tree_util.tree_flatten(args)
+        ks, kw_tree = tree_util.tree_flatten(operands)
+        key = (args_tree, kw_tree, static, tuple(to_aval(_as_operand(self, x, "input"))
+                                                 for x in xs),
+               tuple(to_aval(_as_operand(self, k, "input")) for k in ks),
+               tuple(type(v) for _, v in static))
+        return self._calls.get(key) or self._make_call(*key)
+
     def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals, static_types) -> Call:
         out_tree, out_avals, paths = infer_outputs(
             self, args_tree, kw_tree, static, in_avals, kw_avals)

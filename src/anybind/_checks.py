@@ -136,6 +136,36 @@ def eager(ctx) -> None:
                 hint="The op's result differs from calling its function on NumPy arrays.")
 
 
+def shard(ctx) -> None:
+    """f on two slices along each splittable factor of the ``shard=`` rule, concatenated,
+    vs f on the whole: f(x[s]) = f(x)[s]; an output without the factor is f(x) on each."""
+    op = ctx.op
+    if getattr(op, "shard", None) is None:
+        return
+    from ._partition import slicings
+    call = op._call_of(*ctx.args, **ctx.operands, **ctx.static)
+    n, hint = len(ctx.xs), ("Running the op per shard along this factor gives other values "
+                            "than running it whole: keep the factor whole (replicated=) or "
+                            "fix the rule.")
+    cases = [c for c in slicings(call) if c[1] >= 2]
+    for label, size, in_axes, out_axes in cases:
+        ctx.current = ("shard", f"factor {label}")
+        halves = []
+        for lo, hi in ((0, size // 2), (size // 2, size)):
+            leaves = [x if d is None else jax.lax.slice_in_dim(x, lo, hi, axis=d)
+                      for x, d in zip(ctx.xs + ctx.ks, in_axes)]
+            halves.append(ctx.apply(leaves[:n], leaves[n:]))
+        got = [a if d is None else jnp.concatenate([a, b], axis=d)
+               for a, b, d in zip(*halves, out_axes)]
+        whole = [o for o, d in zip(halves[1], out_axes) if d is None]
+        ctx.compare("shard", f"factor {label}", got + whole,
+                    ctx.eager_out + [o for o, d in zip(ctx.eager_out, out_axes) if d is None],
+                    ctx.out_names + [n_ for n_, d in zip(ctx.out_names, out_axes) if d is None],
+                    hint=hint)
+    if not cases:
+        ctx.skip("shard", "no factor of the rule splits these examples (size 2 or more)")
+
+
 def jit(ctx) -> None:
     """jit of the op, its jvp and its vjp vs eager evaluation."""
     ctx.current = ("jit", "outputs")
@@ -446,7 +476,8 @@ def hessian(ctx) -> None:
                     "disagree: the jvp and vjp rules' derivatives differ.")
 
 
-CHECKS: list = [("spec", spec), ("eager", eager), ("linearity", linearity), ("jvp", jvp),
+CHECKS: list = [("spec", spec), ("eager", eager), ("shard", shard), ("linearity", linearity),
+                ("jvp", jvp),
                 ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
                 ("vmap of derivatives", vmap_derivatives), ("jit", jit),
                 ("2nd-order jvp", second_order),

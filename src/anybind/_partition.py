@@ -143,6 +143,7 @@ class Factors:
     sizes: dict = dataclasses.field(hash=False, compare=False)
     splittable: frozenset
     n_in: int  # number of positional leaves in ``ins``
+    labels: dict = dataclasses.field(hash=False, compare=False)  # id → how the rule names it
 
 
 def _operand_name(call: Call, i: int) -> str:
@@ -201,7 +202,8 @@ def factors_of(call: Call) -> Factors:
         ins = tuple(fit(s, a, w) for s, a, w in zip(rule.ins, avals_in, names_in))
         outs = tuple(fit(s, a, w) for s, a, w in zip(rule.outs, call.out_avals, names_out))
     label = {v: k for k, v in user.items()}
-    label_of = lambda f: repr(label[f]) if f in label else f"'...' axis {f[1:]} from the right"
+    label_of = lambda f: repr(label[f]) if f in label else (
+        f"axis {f[1:]} (from the right) of '...'" if not rule.elementwise else f"axis {f[1:]}")
     sizes, first = {}, {}
     for ids, aval, what in zip(ins + outs, avals_in + list(call.out_avals),
                                names_in + names_out):
@@ -225,7 +227,8 @@ def factors_of(call: Call) -> Factors:
                 f"no operand or output, so it cannot be split like one; with shard=, declare "
                 f"residuals shaped like an input or output")
         res.append(match)
-    got = Factors(ins, outs, tuple(res), sizes, splittable, call.n_in)
+    labels = {f: label_of(f) for f in sizes}
+    got = Factors(ins, outs, tuple(res), sizes, splittable, call.n_in, labels)
     cache[call] = got
     return got
 
@@ -259,6 +262,15 @@ def role_factors(role: str, call: Call, batch: Batch | None, lin, need) -> tuple
                     enumerate(zip(ops, batch.mask)))
         res = tuple(("b",) + r for r in res)
     return ops, res
+
+
+def slicings(call: Call) -> list:
+    """(label, size, axis in each operand or None, axis in each output or None) for each
+    splittable factor: what ``ab.check`` slices to check the rule."""
+    fs = factors_of(call)
+    where = lambda f, values: [v.index(f) if f in v else None for v in values]
+    return [(fs.labels[f], fs.sizes[f], where(f, fs.ins), where(f, fs.outs))
+            for f in fs.sizes if f in fs.splittable]
 
 
 def _splittable(call: Call, batch: Batch | None) -> frozenset:
