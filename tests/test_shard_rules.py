@@ -165,3 +165,26 @@ def test_cli_reports_a_wrong_rule(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert "shard" in r.stdout and "factor 'b'" in r.stdout and "FAIL" in r.stdout
+
+
+# --------------------------------------------------------------------- contrib
+
+def test_contrib_rules_check_where_they_split():
+    """The contrib ops' rules hold where they split (ab.check's shard check)."""
+    pytest.importorskip("ducc0")
+    from anybind.contrib.ducc0 import c2c, healpix_synthesis, nu2u, r2c
+    from anybind.contrib.scipy import jv
+    from anybind.contrib._ducc0_sht import n_real_alm
+    cases = [
+        (c2c, (randn((4, 6), np.complex128),), {"axes": (1,)}, ["factor 'a0'"]),
+        (r2c, (randn((4, 6)),), {"axes": (1,)}, ["factor 'a0'"]),
+        (nu2u, (randn((2, 7), np.complex128), np.linspace(-3, 3, 14).reshape(7, 2)),
+         {"n_modes": (4, 5)}, ["factor axis 0 (from the right) of '...'"]),
+        (healpix_synthesis, (randn((2, 1, n_real_alm(3))),), {"nside": 2, "lmax": 3},
+         ["factor axis 0 (from the right) of '...'"]),
+        (jv, (np.linspace(0.5, 2.0, 6).reshape(2, 3),), {"v": np.array([0.5, 1.5, 2.0])},
+         ["factor 'd0'", "factor 'd1'"]),
+    ]
+    for op, args, kw, where in cases:
+        rows = [r for r in ab.check(op, *args, **kw).rows if r.check == "shard"]
+        assert [(r.where, r.status) for r in rows] == [(w, "ok") for w in where], op.name

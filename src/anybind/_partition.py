@@ -73,6 +73,7 @@ class ShardRule:
     ins: tuple | None  # None for "elementwise"
     outs: tuple | None
     replicated: frozenset
+    make: Callable | None = None  # a rule computed per call from the inputs' shapes
 
     @property
     def elementwise(self) -> bool:
@@ -89,9 +90,13 @@ def parse_rule(op_name: str, shard, replicated) -> ShardRule | None:
             raise TypeError(f"anybind op '{op_name}': replicated={replicated!r} needs a shard= "
                             f"rule")
         return None
+    if callable(shard):
+        return ShardRule(getattr(shard, "__name__", repr(shard)), None, None,
+                         frozenset(replicated), shard)
     if not isinstance(shard, str):
         raise TypeError(f"anybind op '{op_name}': shard must be a rule string such as "
-                        f"'b n, n -> b n' or 'elementwise', got {type(shard).__name__}")
+                        f"'b n, n -> b n' or 'elementwise', or a callable returning one, got "
+                        f"{type(shard).__name__}")
     if shard.strip() == "elementwise":
         if replicated:
             raise TypeError(f"anybind op '{op_name}': shard='elementwise' splits every axis; "
@@ -143,6 +148,7 @@ class Factors:
     sizes: dict = dataclasses.field(hash=False, compare=False)
     splittable: frozenset
     n_in: int  # number of positional leaves in ``ins``
+    text: str  # the rule
     labels: dict = dataclasses.field(hash=False, compare=False)  # id → how the rule names it
 
 
@@ -153,13 +159,32 @@ def _operand_name(call: Call, i: int) -> str:
     return f"{call.kw_name(k)} ({fmt_aval(call.kw_avals[k])})"
 
 
+def _rule_for(call: Call) -> ShardRule:
+    """The op's rule, or the one its rule callable gives for this call's inputs."""
+    rule, op = call.op.shard, call.op
+    if rule.make is None:
+        return rule
+    kwargs = call.kw_tree.unflatten([jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                     for a in call.kw_avals])
+    kwargs.update(call.static)
+    try:
+        made = rule.make(*call.input_shapes, **kwargs)
+    except Exception as e:
+        raise TypeError(f"anybind op '{op.name}': the shard rule {rule.text} failed on inputs "
+                        f"{call.input_shapes!r} with keywords {kwargs!r}: "
+                        f"{type(e).__name__}: {e}") from e
+    text, extra = (made, ()) if isinstance(made, str) else made
+    return parse_rule(op.name, text, tuple(extra) + tuple(rule.replicated))
+
+
 def factors_of(call: Call) -> Factors:
     """The op's rule fitted to this call; a TypeError naming what does not fit."""
-    rule, op = call.op.shard, call.op
+    op = call.op
     cache = op._shard_factors
     got = cache.get(call)
     if got is not None:
         return got
+    rule = _rule_for(call)
     avals_in = list(call.in_avals) + list(call.kw_avals)
     names_in = [_operand_name(call, i) for i in range(len(avals_in))]
     names_out = [f"{call.out_name(j)} ({fmt_aval(a)})" for j, a in enumerate(call.out_avals)]
@@ -228,7 +253,7 @@ def factors_of(call: Call) -> Factors:
                 f"residuals shaped like an input or output")
         res.append(match)
     labels = {f: label_of(f) for f in sizes}
-    got = Factors(ins, outs, tuple(res), sizes, splittable, call.n_in, labels)
+    got = Factors(ins, outs, tuple(res), sizes, splittable, call.n_in, rule.text, labels)
     cache[call] = got
     return got
 
@@ -333,7 +358,7 @@ def _plan(specs, ops_f, mesh, splittable, allowed, strict: Call | None = None,
                 if strict is not None and plan[f] != axes:
                     raise TypeError(
                         f"anybind op '{strict.op.name}': operands split one factor of the shard "
-                        f"rule {strict.op.shard.text!r} differently: {plan[f]} and {axes} (at "
+                        f"rule {factors_of(strict).text!r} differently: {plan[f]} and {axes} (at "
                         f"operand {k}, axis {d}); reshard them alike (jax.sharding.reshard)")
                 continue
             if used & set(axes):
@@ -433,7 +458,7 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
             raise TypeError(
                 f"anybind op '{call.op.name}': on a shard, the output spec gives the "
                 f"{role_name} outputs of shapes {got}, but the shard rule "
-                f"{call.op.shard.text!r} gives {want}; the rule does not fit the op's shapes")
+                f"{fs.text!r} gives {want}; the rule does not fit the op's shapes")
         key_shapes = [local(ids, a.shape) for ids, a in zip(ops_f, arg_shapes)]
         runners[tuple(key_shapes)] = runner_for(local_call, local_batch)
         slot = _Slot(index, tuple(ShapedArray(w, r.dtype) for w, r in zip(want, result_shape)),

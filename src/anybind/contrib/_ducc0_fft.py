@@ -65,6 +65,17 @@ def _vmap_fft(name: str, fn: Callable) -> Callable:
     return rule
 
 
+def _shard_fft(name: str, last_changes: bool = False) -> Callable:
+    """shard= rule: untransformed axes split, transformed axes whole (the last one changes
+    length in r2c and c2r, so its input and output are different factors)."""
+    def rule(x, *, axes=None, **_):
+        ax = _axes(name, len(x.shape), axes)
+        ins = [f"a{i}" for i in range(len(x.shape))]
+        outs = [f"o{i}" if last_changes and i == ax[-1] else a for i, a in enumerate(ins)]
+        return f"{' '.join(ins)} -> {' '.join(outs)}", tuple(ins[i] for i in ax)
+    return rule
+
+
 def _complex(dtype) -> np.dtype:
     return np.result_type(dtype, np.complex64)
 
@@ -104,7 +115,7 @@ def _example_c2c():
 
 
 c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn),
-              name="ducc0_c2c", examples=_example_c2c)
+              name="ducc0_c2c", examples=_example_c2c, shard=_shard_fft("c2c"))
 
 
 @c2c.def_transpose(traced=True)
@@ -165,11 +176,11 @@ def _c2r_spec(x, *, lastsize: int | None = None, axes=None, **_):
 
 
 r2c = ab.bind(_r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft("r2c", _r2c_fn),
-              name="ducc0_r2c",
+              name="ducc0_r2c", shard=_shard_fft("r2c", last_changes=True),
               examples=lambda: ((np.random.default_rng(0).normal(size=(4, 5)),),
                                 {"axes": (0, 1)}))
 c2r = ab.bind(_c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft("c2r", _c2r_fn),
-              name="ducc0_c2r",
+              name="ducc0_c2r", shard=_shard_fft("c2r", last_changes=True),
               examples=lambda: ((_example_c2c()[0][0][:3, :4],), {"axes": (0, 1), "lastsize": 7}))
 
 
@@ -238,6 +249,7 @@ def _hartley_spec(x, *, axes=None, **_):
 
 hartley = ab.bind(_hartley_fn, shape=_hartley_spec, linear=True,
                   vmap=_vmap_fft("hartley", _hartley_fn), name="ducc0_hartley",
+                  shard=_shard_fft("hartley"),
                   examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)),),
                                     {"axes": (0, 1)}))
 

@@ -160,9 +160,22 @@ def _example(kind: str):
     return (r.normal(size=(4, 5)) + 1j * r.normal(size=(4, 5)), coord), {"forward": False}
 
 
+def _nu2u_shard(values, coord, *, n_modes, **_):
+    """Leading axes split; points summed over, modes whole."""
+    return "... p, p d -> ... " + " ".join(f"m{i}" for i in range(len(n_modes)))
+
+
+def _u2nu_shard(grid, coord, **_):
+    """Leading axes and points split; the grid whole."""
+    grid_axes = " ".join(f"g{i}" for i in range(coord.shape[1]))
+    return f"... {grid_axes}, p d -> ... p"
+
+
 nu2u = ab.bind(_nu2u_fn, shape=_nu2u_spec, linear=(0,), vmap=_vmap_points(_nu2u_fn),
+               shard=_nu2u_shard,
                name="ducc0_nu2u", examples=lambda: _example("nu2u"))
 u2nu = ab.bind(_u2nu_fn, shape=_u2nu_spec, linear=(0,), vmap=_vmap_points(_u2nu_fn),
+               shard=_u2nu_shard,
                name="ducc0_u2nu", examples=lambda: _example("u2nu"))
 
 

@@ -166,9 +166,11 @@ def _adjoint_transpose(ct, **kw):
 
 healpix_synthesis = ab.bind(
     _synthesis, shape=_synthesis_spec, linear=True, vmap="vectorized",
+    shard="... c a -> ... c q", replicated=("c",),  # leading axes split; E/B mix into Q/U
     name="ducc0_healpix_synthesis", examples=_example_alm, transpose=_synthesis_transpose)
 healpix_adjoint_synthesis = ab.bind(
     _adjoint_synthesis, shape=_adjoint_spec, linear=True, vmap="vectorized",
+    shard="... c q -> ... c a", replicated=("c",),
     name="ducc0_healpix_adjoint_synthesis", examples=_example_map, transpose=_adjoint_transpose)
 
 healpix_synthesis.__doc__ = """Spherical harmonic synthesis on a HEALPix grid (RING order), linear.

@@ -89,12 +89,32 @@ def _setup(seed: int = 0, nrow: int = 6, nchan: int = 2) -> dict:
             "freq": np.linspace(1.0e9, 1.2e9, nchan), "pixsize_x": 3e-4, "pixsize_y": 2e-4}
 
 
+_FACTORS = {"uvw": "r k", "freq": "f", "wgt": "r f", "mask": "r f"}  # r rows, f channels
+
+
+def _operands(kw: dict) -> list:
+    """The factors of the keyword array operands, in their (sorted) order."""
+    return [_FACTORS[k] for k in sorted(kw) if isinstance(kw[k], jax.ShapeDtypeStruct)]
+
+
+def _dirty2vis_shard(dirty, **kw):
+    """shard= rule: the image whole; rows and channels split."""
+    return ", ".join(["x y"] + _operands(kw)) + " -> r f"
+
+
+def _vis2dirty_shard(vis, **kw):
+    """shard= rule: rows and channels summed over, the image whole."""
+    return ", ".join(["r f"] + _operands(kw)) + " -> x y"
+
+
 dirty2vis = ab.bind(
     _dirty2vis_fn, shape=_dirty2vis_spec, linear=True, name="ducc0_dirty2vis",
+    shard=_dirty2vis_shard,
     examples=lambda: ((np.random.default_rng(1).normal(size=(32, 32)),),
                       dict(_setup(), do_wgridding=True)))
 vis2dirty = ab.bind(
     _vis2dirty_fn, shape=_vis2dirty_spec, linear=True, name="ducc0_vis2dirty",
+    shard=_vis2dirty_shard,
     examples=lambda: ((np.random.default_rng(1).normal(size=(6, 2)) + 1j,),
                       dict(_setup(), npix_x=32, npix_y=34)))
 

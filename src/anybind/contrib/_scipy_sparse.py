@@ -89,8 +89,14 @@ def _example():
             {"indices": a.indices.astype(np.int32), "indptr": a.indptr.astype(np.int32)})
 
 
+def _shard(data, b, **_):
+    """shard= rule: a sparse solve couples every unknown, so everything stays whole."""
+    rhs = "n k" if len(b.shape) == 2 else "n"
+    return f"z, {rhs}, z, p -> {rhs}", ("z", "n", "p") + (("k",) if len(b.shape) == 2 else ())
+
+
 spsolve = ab.bind(_spsolve_fn, shape=_spec, linear=(1,), vmap=_vmap_solve,
-                  name="scipy_spsolve", examples=_example)
+                  name="scipy_spsolve", examples=_example, shard=_shard)
 
 
 def _compressed_index_fn(indices, indptr):

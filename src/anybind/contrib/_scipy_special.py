@@ -75,11 +75,27 @@ def _vmap_elementwise(fn: Callable) -> Callable:
     return rule
 
 
+def _shard(x, **kw):
+    """shard= rule: elementwise with broadcasting; an operand's length-1 (broadcast) axis
+    is a factor of its own, so only the full-length axes split."""
+    arrays = [x] + [kw[k] for k in sorted(kw) if isinstance(kw[k], jax.ShapeDtypeStruct)]
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    if not shape:
+        return "elementwise"
+
+    def names(i, a):
+        off = len(shape) - len(a.shape)
+        return " ".join(f"d{off + j}" if n == shape[off + j] else f"u{i}_{j}"
+                        for j, n in enumerate(a.shape))
+    out = " ".join(f"d{j}" for j in range(len(shape)))
+    return ", ".join(names(i, a) for i, a in enumerate(arrays)) + " -> " + out
+
+
 def _elementwise(fn: Callable, name: str, example: Callable, derivative: Callable) -> ab.Op:
     """Bind ``fn(x, **kw)`` with the traced jvp (x, ẋ) ↦ derivative(x, **kw)·ẋ."""
     host = _host(fn)
     op = ab.bind(host, shape=_spec(name), vmap=_vmap_elementwise(host), name=f"scipy_{name}",
-                 examples=example)
+                 examples=example, shard=_shard)
 
     @op.def_jvp(traced=True)
     def _jvp(primals, tangents, **kw):
