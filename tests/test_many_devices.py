@@ -26,3 +26,37 @@ def test_many_devices(name):
          str(HERE / "many_devices" / name)],
         env=env, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}"
+
+
+def test_two_processes_with_jax_distributed():
+    """2 processes × 4 CPU devices: each runs only its own shards, results as on one process."""
+    import json
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    worker = HERE / "many_devices" / "multihost_worker.py"
+    procs = [subprocess.Popen([sys.executable, str(worker), str(i), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240))
+    finally:
+        for p in procs:  # on a timeout or failure, leave nothing running
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    results = []
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"worker failed ({p.returncode}):\n{out}\n{err[-4000:]}"
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r["process"] for r in results) == [0, 1]
+    for r in results:
+        assert r["ok"] and r["local_devices"] == 4 and r["global_devices"] == 8
+        # this process's 4 devices, each on its (2, 4) rows; the weight whole
+        assert sorted(map(tuple, map(lambda c: (c[0], tuple(c[1])), r["calls"]))) == (
+            [("f", (2, 4))] * 8 + [("vjp", (2, 4))] * 4)
