@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sample-ms", type=float, help="length of one sample in ms (default 1)")
     p.add_argument("--mem-n", type=int, help=f"memory test size (default {MEM_N:,})")
     p.add_argument("--only", help="comma-separated groups: "
-                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,ffi,memory")
+                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,ffi,devices,memory")
     p.add_argument("--out", default=str(HERE / "results.json"))
     p.add_argument("--update-readme", action="store_true",
                    help="write the tables into benchmarks/README.md")
@@ -343,8 +343,8 @@ def main(argv: list[str] | None = None) -> dict:
     sample_s = (a.sample_ms or 1.0) / 1e3
     mem_n = a.mem_n or (5_000_000 if a.quick else MEM_N)
     groups = set(a.only.split(",")) if a.only else {"calls", "grads", "grad1", "vmap",
-                                                     "vmapfft", "jacrev", "solve", "memory"}
-                                                     "jacrev", "solve", "ffi", "memory"}
+                                                     "vmapfft", "jacrev", "solve", "ffi",
+                                                     "devices", "memory"}
     info = machine()
     print("machine:", json.dumps(info))
     print(f"repeats={repeats}, sample≈{sample_s * 1e3:g} ms; min is the headline "
@@ -434,6 +434,18 @@ def main(argv: list[str] | None = None) -> dict:
         scan = run_group(ffi_routes.scans(), repeats, sample_s)
         results["ffi"] = {**{str(n): r for n, r in res.items()}, "scan": scan}
         emit(ffi_routes.table(res, scan))
+    if "devices" in groups:  # 8 simulated devices need a process of their own
+        proc = subprocess.run([sys.executable, str(HERE / "many_devices.py"), "--json",
+                               "--repeats", str(max(3, repeats // 15))],
+                              capture_output=True, text=True, check=True)
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        results["devices"] = res
+        for title, r in res.items():
+            if isinstance(r, dict) and "routes" in r:
+                emit(single_table(f"8 devices: {title}", r["routes"], "gathered",
+                                  f"one host call on a shard takes "
+                                  f"{r['host_call_s']['shard'] / r['host_call_s']['whole']:.2f}"
+                                  f"× the time of one on the whole array (1/8 = 0.125)"))
     if "memory" in groups:
         res = memory(mem_n)
         results["memory"] = res
