@@ -12,6 +12,9 @@ and ``need`` (which input cotangents to produce):
 
 A multilinear op's ``f_transpose`` is its transpose in one argument (see
 ``_multilinear``), and those two primitives get their rules from there.
+
+An op with ``shard=`` lowers its host roles per shard on multi-device programs
+and types its outputs (vma, Explicit shardings) by its rule: see ``_partition``.
 """
 from __future__ import annotations
 
@@ -70,7 +73,8 @@ class Family:
             ad.primitive_jvps[prim] = functools.partial(rules.jvp_rule, role)
             ad.primitive_transposes[prim] = functools.partial(rules.transpose_rule, role)
             batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
-            dispatch.prim_requires_devices_during_lowering.add(prim)  # see _partition.lower
+            if op.shard is not None:  # lowered per shard: needs the devices (_partition)
+                dispatch.prim_requires_devices_during_lowering.add(prim)
             self.prims[role] = prim
         weakref.finalize(op, _unregister, tuple(self.prims.values()))
 

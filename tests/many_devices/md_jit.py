@@ -129,3 +129,14 @@ def test_inside_larger_programs(m):
     assert_close(f(x, w), ref)
     assert len(REC.take("f")) == 2 * N_DEV
     assert collectives(hlo(f, x, w)) == []
+
+
+def test_a_plain_mesh_without_a_mesh_context():
+    """``jax.sharding.Mesh`` (Auto axes) and NamedSharding inputs alone, no set_mesh."""
+    m = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+    x, w = put(randn((16, 4)), m, "x"), put(randn(4, seed=1), m)
+    REC.take()
+    out = jax.jit(scale())(x, w)
+    assert_close(out, scale_ref(np.asarray(x), np.asarray(w)))
+    assert REC.take("f") == [("f", ((2, 4), (4,)))] * N_DEV
+    assert spec(out) == ("x", None)
