@@ -115,8 +115,14 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
     names = out_names(role, call, need)
     name = "vmap rule" if by_vmap_rule else role_name(role, call)
     # The route: compiled code through XLA's FFI, host code through a callback, or
-    # traced code inline.
+    # traced code inline; on many devices, host and compiled code run per shard.
+    effect = role in ("primal", "fwd") and op.has_side_effect
+    per_shard = op.shard is not None and not rule.traced and _partition.partitioned(ctx)
     if _compiled.is_compiled(rule.fn):
+        if per_shard:  # the same primitive on each shard's Call, by the compiled route
+            return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
+                                    need=need, role_name=name, runner_for=None,
+                                    has_side_effect=effect)
         return _compiled.lower(
             ctx, *args, role=role, kind=_compiled.kind_of_role(role, call, by_vmap_rule),
             call=call, rule=rule, batch=batch, lin=lin, need=need,
@@ -136,8 +142,7 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
                 lambda lead: make_run(role, call, rule, lin, need, np, lead),
                 out_avals(role, call, lin, need), names, batch, mode,
                 inplace=role == "primal" and op.inplace and not by_vmap_rule)
-        effect = role in ("primal", "fwd") and op.has_side_effect
-        if op.shard is not None and _partition.partitioned(ctx):  # per shard, many devices
+        if per_shard:
             return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
                                     need=need, role_name=name, runner_for=runner_for,
                                     has_side_effect=effect)
