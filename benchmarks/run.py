@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sample-ms", type=float, help="length of one sample in ms (default 1)")
     p.add_argument("--mem-n", type=int, help=f"memory test size (default {MEM_N:,})")
     p.add_argument("--only", help="comma-separated groups: "
-                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,ffi,memory,devices")
+                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,ffi,devices,memory")
     p.add_argument("--out", default=str(HERE / "results.json"))
     p.add_argument("--update-readme", action="store_true",
                    help="write the tables into benchmarks/README.md")

@@ -261,7 +261,8 @@ def factors_of(call: Call) -> Factors:
 def role_factors(role: str, call: Call, batch: Batch | None, lin, need) -> tuple:
     """(operand factor ids, output factor ids) of one primitive of the family.
 
-    Operands and outputs follow ``_roles.Layout``: tangents take their input's
+    Operands and outputs follow ``_roles.Layout`` (and ``_multilinear``'s transposes in
+    one argument): tangents take their input's
     factors, cotangents of outputs their output's, cotangents of inputs their
     input's. Under vmap every value leads with the batch factor ``b``
     (splittable); operands broadcast over the batch lead with a factor of
@@ -279,8 +280,9 @@ def role_factors(role: str, call: Call, batch: Batch | None, lin, need) -> tuple
     elif role == "vjp":
         ops = fs.ins + fs.res + tuple(o for o, m in zip(outs, lin) if m)
         res = tuple(x for x, m in zip(xs, need) if m)
-    else:  # transpose
-        ops = ks + tuple(o for o, m in zip(outs, lin) if m)
+    else:  # transpose; of a multilinear op: in one argument, the others are operands
+        others = tuple(x for x, m in zip(xs, need) if not m) if call.op.multilinear else ()
+        ops = others + ks + tuple(o for o, m in zip(outs, lin) if m)
         res = tuple(x for x, m in zip(xs, need) if m)
     if batch is not None:
         ops = tuple((("b",) if m else (f"u{i}",)) + o for i, (o, m) in
@@ -422,7 +424,8 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
     role for a shard's ``Call``. The host callback is registered here, with the
     program being compiled (the partition callback runs during compilation,
     when the program's callbacks are already fixed); it runs the runner built
-    for the shapes it receives.
+    for the shapes it receives. Compiled code (``runner_for=None``) needs no
+    callback: each shard binds the same primitive with the shard's ``Call``.
     """
     from . import _hostcall
     runners: dict = {}
@@ -430,9 +433,9 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
     def dispatch(ins, outs):
         runners[tuple(x.shape for x in ins)](ins, outs)
 
-    index = _hostcall.register(ctx, call, role_name,
-                               _hostcall.host_callback(call, role_name, dispatch,
-                                                       len(ctx.avals_out)))
+    index = None if runner_for is None else _hostcall.register(
+        ctx, call, role_name, _hostcall.host_callback(call, role_name, dispatch,
+                                                      len(ctx.avals_out)))
     ops_f, res_f = role_factors(role, call, batch, lin, need)
     splittable = _splittable(call, batch)
     fs = factors_of(call)
@@ -460,16 +463,20 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
                 f"anybind op '{call.op.name}': on a shard, the output spec gives the "
                 f"{role_name} outputs of shapes {got}, but the shard rule "
                 f"{fs.text!r} gives {want}; the rule does not fit the op's shapes")
-        key_shapes = [local(ids, a.shape) for ids, a in zip(ops_f, arg_shapes)]
-        runners[tuple(key_shapes)] = runner_for(local_call, local_batch)
-        slot = _Slot(index, tuple(ShapedArray(w, r.dtype) for w, r in zip(want, result_shape)),
-                     has_side_effect)
         sums = [tuple(a for f, ax in plan.items() if f not in r for a in _axes(ax))
                 if reduce else () for r in res_f]
+        if runner_for is None:
+            local_params = dict(params, call=local_call, batch=local_batch)
+            run = lambda *ops: prim.bind(*ops, **local_params)
+        else:
+            key_shapes = [local(ids, a.shape) for ids, a in zip(ops_f, arg_shapes)]
+            runners[tuple(key_shapes)] = runner_for(local_call, local_batch)
+            slot = _Slot(index, tuple(ShapedArray(w, r.dtype)
+                                      for w, r in zip(want, result_shape)), has_side_effect)
+            run = lambda *ops: _shard_call_p.bind(*ops, slot=slot)
 
         def lower_fn(*ops):
-            outs = _shard_call_p.bind(*ops, slot=slot)
-            return [jax.lax.psum(o, s) if s else o for o, s in zip(outs, sums)]
+            return [jax.lax.psum(o, s) if s else o for o, s in zip(run(*ops), sums)]
         arg_sh = tuple(NamedSharding(mesh, P(*[plan.get(f) for f in fl])) for fl in ops_f)
         res_sh = [NamedSharding(mesh, P(*[plan.get(f) for f in fl])) for fl in res_f]
         return mesh, lower_fn, res_sh, arg_sh

@@ -12,6 +12,7 @@ and ``need`` (which input cotangents to produce):
 
 A multilinear op's ``f_transpose`` is its transpose in one argument (see
 ``_multilinear``), and those two primitives get their rules from there.
+
 An op with ``shard=`` lowers its host roles per shard on multi-device programs
 and types its outputs (vma, Explicit shardings) by its rule: see ``_partition``.
 """
@@ -29,7 +30,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
 
-from . import _batching, _compiled, _derivatives, _hostcall, _impls, _multilinear, _partition
+from . import (_batching, _compiled, _derivatives, _hostcall, _impls, _multilinear,
+               _partition)
 from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
@@ -113,27 +115,34 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
     names = out_names(role, call, need)
     name = "vmap rule" if by_vmap_rule else role_name(role, call)
     # The route: compiled code through XLA's FFI, host code through a callback, or
-    # traced code inline.
+    # traced code inline; on many devices, host and compiled code run per shard.
+    effect = role in ("primal", "fwd") and op.has_side_effect
+    per_shard = op.shard is not None and not rule.traced and _partition.partitioned(ctx)
     if _compiled.is_compiled(rule.fn):
+        if per_shard:  # the same primitive on each shard's Call, by the compiled route
+            return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
+                                    need=need, role_name=name, runner_for=None,
+                                    has_side_effect=effect)
         return _compiled.lower(
             ctx, *args, role=role, kind=_compiled.kind_of_role(role, call, by_vmap_rule),
             call=call, rule=rule, batch=batch, lin=lin, need=need,
             mode="vectorized" if by_vmap_rule else op.vmap,
             has_side_effect=role in ("primal", "fwd") and op.has_side_effect)
     if not rule.traced:
+        if by_vmap_rule:
+            mode = rule
+        elif batch is not None:
+            rule, mode = _batching.host_mode(role, rule, op)
+        else:
+            mode = None
+
         def runner_for(call: Call, batch: Batch | None) -> Callable:
-            r, mode = rule, None
-            if by_vmap_rule:
-                mode = rule
-            elif batch is not None:
-                r, mode = _batching.host_mode(role, rule, op)
             return _hostcall.make_host_runner(
                 call, name,
-                lambda lead: make_run(role, call, r, lin, need, np, lead),
+                lambda lead: make_run(role, call, rule, lin, need, np, lead),
                 out_avals(role, call, lin, need), names, batch, mode,
                 inplace=role == "primal" and op.inplace and not by_vmap_rule)
-        effect = role in ("primal", "fwd") and op.has_side_effect
-        if op.shard is not None and _partition.partitioned(ctx):  # per shard, many devices
+        if per_shard:
             return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
                                     need=need, role_name=name, runner_for=runner_for,
                                     has_side_effect=effect)

@@ -140,3 +140,31 @@ def test_a_plain_mesh_without_a_mesh_context():
     assert_close(out, scale_ref(np.asarray(x), np.asarray(w)))
     assert REC.take("f") == [("f", ((2, 4), (4,)))] * N_DEV
     assert spec(out) == ("x", None)
+
+
+def _compiled_mul():
+    numba = pytest.importorskip("numba")
+    import anybind as ab
+
+    @numba.cfunc(ab.numba_signature())
+    def mul(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+        n = 1
+        for d in range(ranks[0]):
+            n *= shapes[0][d]
+        x1, x2 = numba.carray(ins[0], n, np.float64), numba.carray(ins[1], n, np.float64)
+        y = numba.carray(outs[0], n, np.float64)
+        for i in range(n):
+            y[i] = x1[i] * x2[i] ** 2
+        return 0
+    return ab.bind(mul, shape=ab.like(0), shard="elementwise", name="compiled_mul")
+
+
+def test_compiled_functions_run_per_shard_too(m):
+    op = _compiled_mul()
+    x1, x2 = put(randn((16, 4)), m, "x"), put(randn((16, 4), seed=1), m, "x")
+    out = jax.jit(op)(x1, x2)
+    assert_close(out, np.asarray(x1) * np.asarray(x2) ** 2)
+    assert spec(out) == ("x", None)
+    text = hlo(op, x1, x2)
+    assert collectives(text) == []
+    assert "f64[2,4]" in text and "f64[16,4]" not in text  # the FFI call sees the shard
