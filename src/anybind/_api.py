@@ -133,6 +133,8 @@ class Op:
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
             _compiled.adopt(self, kind, r, traced)
+            if callable(vmap):  # a batched variant of the rule
+                _compiled.adopt(self, f"{kind}.vmap", vmap, traced)
             made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap)
             if argnum is None:
                 setattr(self, f"{kind}_rule", made)
