@@ -366,3 +366,9 @@ def test_compiled_transposes_of_a_multilinear_op_are_refused_clearly():
     op.def_transpose(k["mul_vjp"], argnum=1)
     with pytest.raises(TypeError, match=r"'multilinear_compiled' is multilinear.*host or traced"):
         jax.grad(lambda a: op(a, X2).sum())(X1)
+
+
+def test_repr_and_check_report_say_compiled():
+    op = co.mul("numba")
+    assert repr(op).startswith("<anybind op 'cmul_numba_sequential' compiled")
+    assert "(compiled;" in str(ab.check(op, X1, X2)).splitlines()[0]
