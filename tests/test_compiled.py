@@ -339,3 +339,36 @@ def test_per_device_calls_run_in_parallel_under_shard_map():
     """)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[2.0, 2.0]"
+
+
+def test_rules_batch_by_their_own_vmap_mode_or_batched_variant():
+    k = co.clib("ctypes")
+    b1, b2 = randn((4, 2, 3), seed=13), randn((4, 2, 3), seed=14)
+
+    def tangents(op):
+        return jax.vmap(lambda a, b: jax.jvp(op, (a, b), (b, a))[1])
+    want = tangents(mul_ref)(b1, b2)
+    for vmap, rows, name in (("vectorized", 0, '"own_mode.jvp"'),
+                             (k["mul_jvp"], 0, '"own_variant.jvp.vmap"')):
+        tag = "own_mode" if isinstance(vmap, str) else "own_variant"
+        op = ab.bind(k["mul"], shape=ab.like(0), vmap="sequential", name=tag)
+        op.def_jvp(k["mul_jvp"], vmap=vmap)
+        assert_close(jax.jit(tangents(op))(b1, b2), want)
+        text = jax.jit(tangents(op)).lower(b1, b2).as_text()
+        jvp_call = [line for line in text.splitlines() if f"anybind_name = {name}" in line]
+        assert len(jvp_call) == 1 and f"anybind_rows = {rows}" in jvp_call[0]
+
+
+def test_compiled_transposes_of_a_multilinear_op_are_refused_clearly():
+    k = co.clib("ctypes")
+    op = ab.bind(k["mul"], shape=ab.like(0), multilinear=True, name="multilinear_compiled")
+    op.def_transpose(k["mul_vjp"], argnum=0)
+    op.def_transpose(k["mul_vjp"], argnum=1)
+    with pytest.raises(TypeError, match=r"'multilinear_compiled' is multilinear.*host or traced"):
+        jax.grad(lambda a: op(a, X2).sum())(X1)
+
+
+def test_repr_and_check_report_say_compiled():
+    op = co.mul("numba")
+    assert repr(op).startswith("<anybind op 'cmul_numba_sequential' compiled")
+    assert "(compiled;" in str(ab.check(op, X1, X2)).splitlines()[0]

@@ -111,7 +111,9 @@ class Op:
                  if getattr(self, f"{k}_rule") is not None]
         rules += [f"transpose in {i}" for i in sorted(self.transpose_rules)]
         kind = " linear" if self.linear else " multilinear" if self.multilinear else ""
-        return (f"<anybind op '{self.name}' {'traced' if self.traced else 'host'}"
+        code = "traced" if self.traced else "compiled" if _compiled.is_compiled(self.fn) \
+            else "host"
+        return (f"<anybind op '{self.name}' {code}"
                 f"{kind} rules={rules} vmap={self.vmap!r}>")
 
     # ---------------------------------------------------------------- rules
@@ -133,6 +135,8 @@ class Op:
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
             _compiled.adopt(self, kind, r, traced)
+            if callable(vmap):  # a batched variant of the rule
+                _compiled.adopt(self, f"{kind}.vmap", vmap, traced)
             made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap)
             if argnum is None:
                 setattr(self, f"{kind}_rule", made)

@@ -222,6 +222,8 @@ _keep: list = []  # every registered function stays alive: executables hold its 
 _RULE_NAMES = {"function": "function", "jvp": "jvp rule", "vjp": "vjp rule",
                "transpose": "transpose rule", "fwd": "fwd rule", "bwd": "bwd rule",
                "vmap": "vmap rule"}
+_RULE_NAMES.update({f"{k}.vmap": f"batched {v}" for k, v in list(_RULE_NAMES.items())
+                    if k not in ("function", "vmap")})
 
 
 def _base(op_name: str, kind: str) -> str:
@@ -301,8 +303,22 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
 
     from ._hostcall import cpu_only
 
+    from ._batching import host_mode
+
     op = call.op
     cpu_only(ctx, call)
+    if role == "transpose" and getattr(op, "multilinear", False):
+        raise TypeError(f"anybind op '{op.name}' is multilinear: its transposes take "
+                        f"operands of their own, which compiled code does not get yet; give "
+                        f"host or traced transposes (def_transpose(rule, argnum=i))")
+    if batch is not None and kind != "vmap" and role != "primal":
+        # a rule batches by its own vmap= if given: a mode, or a batched variant
+        batched, mode = host_mode(role, rule, op)
+        if batched is not rule:
+            if not is_compiled(batched.fn):
+                raise TypeError(f"anybind op '{op.name}': the compiled {_RULE_NAMES[kind]} "
+                                f"has a batched variant (vmap=) that is not compiled code")
+            rule, kind, mode = batched, f"{kind}.vmap", "vectorized"
     if call.static:
         raise TypeError(
             f"anybind op '{op.name}': a compiled {_RULE_NAMES[kind]} takes arrays only, but "
