@@ -106,12 +106,8 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
         if jr is not None and jr.traced and vr is None:
             return checked(call, "jvp", _impls.jvp(call, jr.fn, present, jnp, (),
                                                           jr.symbolic_zeros), avals, names)(*ops)
-        if jr is None and vr.traced:  # the jvp is the transpose of the traced vjp
-            run = checked(call, "vjp", _impls.vjp(call, vr.fn, call.float_out, present, jnp, (),
-                                                     vr.symbolic_zeros),
-                          out_avals("vjp", call, None, present), out_names("vjp", call, present))
-            sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
-            return list(jax.linear_transpose(lambda *cts: run(*xs, *ks, *cts), *sds)(list(ts)))
+        # f_jvp; with a traced vjp rule and no jvp rule, lowering f_jvp transposes the vjp
+        # rule, while reverse mode transposes f_jvp into f_vjp and runs the rule as given
         return fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
     return core
 
