@@ -21,8 +21,8 @@ from jax.interpreters import ad
 
 from . import _impls
 from ._batching import sum_unbatched, vmapped
-from ._roles import (role_name, uses_residuals, Layout, MissingRuleError, checked, make_run, out_avals, out_names,
-                         rule_of)
+from ._roles import (Layout, MissingRuleError, role_name, rule_of, traced_run,
+                     uses_residuals)
 from ._spec import Call, is_float
 
 
@@ -88,8 +88,6 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
     op = call.op
     jr, vr = op.jvp_rule, op.vjp_rule
     n, m = call.n_in, len(call.kw_avals)
-    avals = out_avals("jvp", call, None, None)
-    names = out_names("jvp", call, None)
 
     if uses_residuals(call):  # reverse mode runs the bwd rule on the fwd rule's residuals
         return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
@@ -104,8 +102,7 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
         if jr is None and vr is None:  # JAX's own derivative of a traced function
             return _jax_jvp(call, present, xs, ks, ts)
         if jr is not None and jr.traced and vr is None:
-            return checked(call, "jvp", _impls.jvp(call, jr.fn, present, jnp, (),
-                                                          jr.symbolic_zeros), avals, names)(*ops)
+            return traced_run("jvp", call, jr, present, None)(*ops)
         # f_jvp; with a traced vjp rule and no jvp rule, lowering f_jvp transposes the vjp
         # rule, while reverse mode transposes f_jvp into f_vjp and runs the rule as given
         return fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
@@ -138,7 +135,7 @@ def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list
             f"{role_name(role, call)}, which is {kind}. Host rules give first derivatives "
             f"only; for higher orders register the rule as traced JAX code "
             f"(op.def_{role}(rule, traced=True)), calling other bound ops where needed")
-    run = make_run(role, call, rule, lin, need, jnp, ())
+    run = traced_run(role, call, rule, lin, need)
 
     def core(*ops):
         n_ops = len(ops) - len(sel)

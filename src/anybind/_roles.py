@@ -163,9 +163,7 @@ def _transposed_vjp(call: Call, lin) -> Callable[..., list]:
     """
     vr = call.op.vjp_rule
     n, m = call.n_in, len(call.kw_avals)
-    run = checked(call, "vjp", _impls.vjp(call, vr.fn, call.float_out, lin, jnp, (),
-                                          vr.symbolic_zeros),
-                  out_avals("vjp", call, None, lin), out_names("vjp", call, lin))
+    run = traced_run("vjp", call, vr, call.float_out, lin)
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals("jvp", call, None, None)]
 
     def run_jvp(*ops):
@@ -198,11 +196,16 @@ def missing_rule_message(role: str, op) -> str:
             f"(grad, vjp, linear_transpose) cannot run; add one with op.def_transpose(rule)")
 
 
+def traced_run(role: str, call: Call, rule: Rule, lin, need) -> Callable[..., list]:
+    """A role run by traced code: ``make_run`` on jax.numpy, its outputs checked and
+    conformed by ``check_traced_outputs``."""
+    run = make_run(role, call, rule, lin, need, jnp, ())
+    return checked(call, role, run, out_avals(role, call, lin, need), out_names(role, call, need))
+
+
 def checked(call: Call, role: str, run: Callable, avals, names) -> Callable[..., list]:
     def f(*ops):
-        outs = run(*ops)
-        _impls.check_traced_outputs(call, role, outs, avals, names)
-        return outs
+        return _impls.check_traced_outputs(call, role, run(*ops), avals, names)
     return f
 
 
