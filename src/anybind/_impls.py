@@ -266,7 +266,7 @@ def call_vmap_rule(call: Call, fn: Callable, batch, ops) -> tuple[list, list]:
     n = call.n_in
     args = [o if m else o[0] for o, m in zip(ops, batch.mask)]
     in_batched = InBatched(call.args_tree.unflatten(batch.mask[:n]))
-    in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:])
+    in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:n + call.n_kw])
     res = fn(batch.size, in_batched, *call.args(args[:n]), **call.kwargs(args[n:]))
     if not (isinstance(res, tuple) and len(res) == 2):
         raise TypeError(f"anybind op '{call.op.name}': the vmap rule must return a pair "

@@ -30,8 +30,8 @@ from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
 
-from . import (_batching, _compiled, _derivatives, _hostcall, _impls, _multilinear,
-               _partition)
+from . import (_batching, _closures, _compiled, _derivatives, _hostcall, _impls,
+               _multilinear, _partition)
 from ._roles import (ROLES, MissingRuleError, make_run, missing_rule_message, traced_run,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
@@ -149,6 +149,8 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
         return _hostcall.lower_host(ctx, *args, runner=runner_for(call, batch), call=call,
                                     role_name=name, has_side_effect=effect)
     if by_vmap_rule:
+        if call.n_closure:
+            raise _closures.vmap_rule_error(call)
         fn = _traced_vmap_rule(call, rule, batch)
     else:
         fn = traced_run(role, call, rule, lin, need)

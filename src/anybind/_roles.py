@@ -104,6 +104,10 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
 
 
 def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable[..., list]:
+    if rule.traced and call.converted is not None:  # code closing over tracers, hoisted
+        run = call.converted.run(role, call, lin, need)
+        if run is not None:
+            return run
     if role == "primal":
         return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
     if role == "fwd":
@@ -143,7 +147,7 @@ def _multilinear_rule(call: Call, need) -> Rule:
 
 def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:
     m = len(call.kw_avals)
-    fwd = _impls.primal(call, call.op.fn, jnp)
+    fwd = make_run("primal", call, Rule(call.op.fn, True), None, None, jnp, ())
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.in_avals]
 
     def run(*ops):
