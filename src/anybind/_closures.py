@@ -23,9 +23,13 @@ piece                  what it does
 ``check_host(op)``     host code cannot see tracers: a clear error at the call
 =====================  ==========================================================
 
-A closed-over value is a non-differentiable operand: a tangent flowing into
-it raises an error saying to pass the value as a positional argument
-(``_derivatives``). A traced vmap rule cannot run on converted code, and says so.
+Recorded on full operands, a ``symbolic_zeros`` rule of such an op sees zero
+arrays rather than ``None``. A tangent reaching a closed-over value is
+differentiated through the code that uses it where JAX differentiates that
+code (a traced rule of a derived primitive, a traced function without rules),
+is zero for code that does not use it, and is an error naming the op for a
+function with custom rules (``_derivatives._closure_tangents``). A traced vmap
+rule cannot run on converted code, and says so.
 """
 from __future__ import annotations
 

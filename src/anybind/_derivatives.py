@@ -34,9 +34,9 @@ def _keyword_error(call: Call, i: int, role: str, action: str) -> TypeError:
         return TypeError(
             f"anybind op '{call.op.name}': its traced code closes over a value of an enclosing "
             f"transformation ({call.kw_name(i)}), but {action} through the "
-            f"{role_name(role, call)}. A closed-over value is a non-differentiable operand; "
-            f"pass it to the op as a positional argument to differentiate with respect to "
-            f"it, or wrap it in jax.lax.stop_gradient")
+            f"{role_name(role, call)}, whose custom rules give no derivative with respect to "
+            f"it. Pass it to the op as a positional argument to differentiate with respect "
+            f"to it, or wrap it in jax.lax.stop_gradient")
     return TypeError(
         f"anybind op '{call.op.name}': {call.kw_name(i)} is a non-differentiable operand, but "
         f"{action} through the {role_name(role, call)}. Pass it as a positional argument "
@@ -72,7 +72,7 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None)
     out_float = [is_float(o.aval) for o in outs]
     if not sel or not any(out_float):  # nothing to differentiate: no rule is needed
         return outs, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
-    if any(i in lay.ks for i in sel):  # JAX differentiates the traced function itself
+    if any(i in lay.ks for i in sel):  # a closed-over value: JAX differentiates the code
         core = _traced_rule_tangent(role, call, lin, need, sel)
     elif role == "primal" and not call.op.linear:
         core = _primal_tangent(fam, call, tuple(i in sel for i in range(call.n_in)))
