@@ -110,6 +110,11 @@ def convert(call: Call) -> Call:
         jaxprs[role] = (jaxpr.jaxpr, consts, frozenset(used))
     if not closed:
         return call
+    if call.op.multilinear:  # its per-argument transposes are not recorded here
+        raise TypeError(
+            f"anybind op '{call.op.name}' is multilinear and its traced code closes over "
+            f"{len(closed)} traced value(s) of an enclosing transformation, which multilinear "
+            f"ops do not support; pass them to the op as keyword operands")
     avals = tuple(to_aval(c) for c in closed)
     return dataclasses.replace(call, kw_avals=call.kw_avals + avals, n_closure=len(closed),
                                closed=tuple(closed), converted=Converted(jaxprs))
