@@ -110,11 +110,13 @@ def convert(call: Call) -> Call:
         jaxprs[role] = (jaxpr.jaxpr, consts, frozenset(used))
     if not closed:
         return call
-    if call.op.multilinear:  # its per-argument transposes are not recorded here
+    unsupported = ("multilinear" if call.op.multilinear  # per-argument transposes
+                   else "sharded (shard=)" if call.op.shard is not None else None)
+    if unsupported:
         raise TypeError(
-            f"anybind op '{call.op.name}' is multilinear and its traced code closes over "
-            f"{len(closed)} traced value(s) of an enclosing transformation, which multilinear "
-            f"ops do not support; pass them to the op as keyword operands")
+            f"anybind op '{call.op.name}' is {unsupported} and its traced code closes over "
+            f"{len(closed)} traced value(s) of an enclosing transformation, which such ops "
+            f"do not support; pass them to the op as keyword operands")
     avals = tuple(to_aval(c) for c in closed)
     return dataclasses.replace(call, kw_avals=call.kw_avals + avals, n_closure=len(closed),
                                closed=tuple(closed), converted=Converted(jaxprs))
