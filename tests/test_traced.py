@@ -172,3 +172,87 @@ def test_traced_linear_op_transposed_by_jax():
     h = jax.hessian(lambda x: jnp.sum(op(x, a=a) ** 2))(x)
     np.testing.assert_allclose(h, 2 * a.T @ a, **TOL)
     assert host_call_count(jax.jit(jax.hessian(lambda x: jnp.sum(op(x, a=a) ** 2))).lower(x)) == 0
+
+
+# ------------------------------------------------ vjp rules that are not adjoints
+
+def _clip():
+    return ab.bind(lambda lo, hi, x: x, traced=True, name="clip",
+                   vjp=lambda p, g: (None, None, jnp.clip(g, p[0], p[1])))
+
+
+def test_vjp_rule_that_is_not_linear_serves_reverse_mode():
+    """Gradient clipping: reverse mode runs the rule as given (JAX's answer 0.2)."""
+    clip = _clip()
+    f = lambda x: clip(-0.1, x + 0.1, x)
+    np.testing.assert_allclose(jax.grad(f)(0.1), 0.2, **TOL)
+    np.testing.assert_allclose(jax.jit(jax.grad(f))(0.1), 0.2, **TOL)
+    x = np.array([0.1, 0.5, -0.05])
+    np.testing.assert_allclose(jax.vmap(jax.grad(f))(x), np.minimum(x + 0.1, 1.0), **TOL)
+    ybar = np.array([2.0, -3.0, 0.05])
+    np.testing.assert_allclose(jax.vjp(lambda x: clip(-0.1, 0.2, x), x)[1](ybar)[0],
+                               np.clip(ybar, -0.1, 0.2), **TOL)
+    np.testing.assert_allclose(jax.jacrev(lambda x: clip(-0.1, 1.0, x))(x), np.eye(3), **TOL)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "jacfwd", "linearize"])
+def test_forward_mode_of_a_nonlinear_vjp_rule_asks_for_a_jvp_rule(mode):
+    clip = _clip()
+    f = lambda x: clip(-0.1, 0.2, x)
+    run = {"jvp": lambda: jax.jvp(f, (0.1,), (1.0,)), "jacfwd": lambda: jax.jacfwd(f)(0.1),
+           "linearize": lambda: jax.linearize(f, 0.1)[1](1.0)}[mode]
+    with pytest.raises(ab.MissingRuleError, match="'clip' has no jvp rule.*not linear in the "
+                                                  "cotangent.*give a jvp rule"):
+        run()
+
+
+def test_straight_through_and_gradient_reversal():
+    """Linear vjp rules that are not f's derivative: forward mode transposes them."""
+    ste = ab.bind(jnp.round, traced=True, name="ste", vjp=lambda p, g: (g,))
+    rev = ab.bind(lambda x: x, traced=True, name="grad_reversal", vjp=lambda p, g: (-g,))
+    x = np.array([0.3, 1.7])
+    np.testing.assert_allclose(ste(x), [0.0, 2.0], **TOL)
+    np.testing.assert_allclose(jax.grad(lambda x: ste(x).sum())(x), np.ones(2), **TOL)
+    np.testing.assert_allclose(jax.jvp(ste, (x,), (x,))[1], x, **TOL)
+    np.testing.assert_allclose(jax.grad(lambda x: rev(x).sum())(x), -np.ones(2), **TOL)
+    np.testing.assert_allclose(jax.jvp(rev, (x,), (x,))[1], -x, **TOL)
+
+
+# ------------------------------------------------- Python numbers from traced rules
+
+def test_python_numbers_and_weak_types_from_traced_rules_in_every_role():
+    """What a host rule may return, a traced rule may: Python numbers that the dtype
+    holds, and weakly typed values whose dtype promotes to the declared one."""
+    x32 = np.float32(0.5)
+    jvp = ab.bind(lambda x: jnp.cos(2 * x) / 2.0, traced=True, name="py_jvp",
+                  jvp=lambda p, t: 3 * t[0])
+    for x in (1.0, x32):  # a Python-float tangent makes the rule return a Python float
+        assert_tree_close(jax.jvp(jvp, (x,), (x,))[1], jnp.asarray(3 * x))
+    vjp = ab.bind(jnp.sin, traced=True, name="py_vjp", vjp=lambda p, ct: (2,))
+    assert_tree_close(jax.grad(vjp)(x32), np.float32(2.0))
+    lin = ab.bind(lambda x: 2.0 * x, traced=True, name="py_transpose", linear=True,
+                  transpose=lambda ct: (2,))
+    assert_tree_close(jax.grad(lin)(x32), np.float32(2.0))
+    const = ab.bind(lambda x: 1.5, traced=True, name="py_primal")
+    assert_tree_close(jax.jit(const)(x32), jnp.asarray(1.5))
+    weak = ab.bind(jnp.sin, traced=True, name="weak_jvp",
+                   jvp=lambda p, t: jnp.asarray(0.25) * 4)  # weakly typed float64
+    assert_tree_close(jax.jvp(weak, (x32,), (x32,))[1], np.float32(1.0))
+    vmap = ab.bind(jnp.sin, traced=True, name="py_vmap", vmap=lambda n, b, x: (0.5, False))
+    assert_tree_close(jax.vmap(vmap)(np.ones(3, np.float32)), np.full(3, 0.5, np.float32))
+    ints = ab.bind(lambda n: 2 * n, traced=True, name="bad_int", vmap=lambda k, b, n: (1.5, False))
+    with pytest.raises(TypeError, match=r"the vmap rule returned float.*expected int32\[3\]"):
+        jax.vmap(ints)(np.ones(3, np.int32))
+
+
+@pytest.mark.parametrize("rule,shape,match", [
+    (lambda p, t: 1j, (), "the jvp rule returned the Python complex 1j.*not a float64"),
+    (lambda p, t: 2.0, (2,), r"the Python float 2.0.*float64\[2\]"),
+    (lambda p, t: jnp.asarray(1.5) + jnp.zeros((), jnp.float32), (),
+     r"returned float32\[\] .*expected float64"),
+])
+def test_traced_rule_outputs_that_do_not_convert_are_refused(rule, shape, match):
+    op = ab.bind(jnp.sin, traced=True, name="bad_out", jvp=rule)
+    x = np.ones(shape)
+    with pytest.raises(TypeError, match=match):
+        jax.jvp(op, (x,), (x,))

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util
 
-from . import _compiled, _partition
+from . import _closures, _compiled, _partition
 from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
@@ -275,8 +275,9 @@ class Op:
         call = self._calls.get(key)
         if call is None:
             call = self._make_call(*key)
-        if any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
-            ops = _partition.vary([*xs, *ks])  # inside shard_map: one set of varying axes
+        if call.closed or any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
+            # inside shard_map: one set of varying axes
+            ops = _partition.vary([*xs, *ks, *call.closed])
             outs = self._family["primal"].bind(*ops, call=call, batch=None)
         else:  # eager: a failing host call surfaces as the HostError it raised
             try:
@@ -317,6 +318,9 @@ class Op:
                     out_avals, paths, kw_paths, res_tree, res_avals, static_types, self._version)
         if self.shard is not None:
             _partition.factors_of(call)  # the rule must fit: a TypeError at the first call
+        if _closures.under_trace():  # the op's code may close over tracers of this trace
+            _closures.check_host(self)
+            call = _closures.convert(call)
         with self._lock:
             self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
         return call

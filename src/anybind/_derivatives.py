@@ -19,11 +19,10 @@ import jax.numpy as jnp
 from jax._src import dtypes
 from jax.interpreters import ad
 
-from . import _impls
 from ._batching import sum_unbatched, vmapped
-from ._roles import (role_name, uses_residuals, Layout, MissingRuleError, checked, make_run, out_avals, out_names,
-                         rule_of)
-from ._spec import Call, is_float
+from ._roles import (Layout, MissingRuleError, make_run, role_name, rule_of, traced_run,
+                     uses_residuals)
+from ._spec import Call, Rule, is_float
 
 
 def _nonzero(t) -> bool:
@@ -31,6 +30,13 @@ def _nonzero(t) -> bool:
 
 
 def _keyword_error(call: Call, i: int, role: str, action: str) -> TypeError:
+    if call.is_closure(i):
+        return TypeError(
+            f"anybind op '{call.op.name}': its traced code closes over a value of an enclosing "
+            f"transformation ({call.kw_name(i)}), but {action} through the "
+            f"{role_name(role, call)}, whose custom rules give no derivative with respect to "
+            f"it. Pass it to the op as a positional argument to differentiate with respect "
+            f"to it, or wrap it in jax.lax.stop_gradient")
     return TypeError(
         f"anybind op '{call.op.name}': {call.kw_name(i)} is a non-differentiable operand, but "
         f"{action} through the {role_name(role, call)}. Pass it as a positional argument "
@@ -61,14 +67,14 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None)
     else:
         outs = fam[role].bind(*primals, **params)
     lay = Layout(role, call, len(primals))
-    for k, i in enumerate(lay.ks):
-        if _nonzero(tangents[i]):
-            raise _keyword_error(call, k, role, "a tangent flows into it")
-    sel = [i for i in range(len(primals)) if i not in lay.ks and _nonzero(tangents[i])]
+    dropped = _closure_tangents(role, call, lay, tangents)
+    sel = [i for i in range(len(primals)) if _nonzero(tangents[i]) and i not in dropped]
     out_float = [is_float(o.aval) for o in outs]
     if not sel or not any(out_float):  # nothing to differentiate: no rule is needed
         return outs, [ad.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
-    if role == "primal" and not call.op.linear:
+    if any(i in lay.ks for i in sel):  # a closed-over value: JAX differentiates the code
+        core = _traced_rule_tangent(role, call, lin, need, sel)
+    elif role == "primal" and not call.op.linear:
         core = _primal_tangent(fam, call, tuple(i in sel for i in range(call.n_in)))
     elif any(i in lay.nonlin for i in sel):
         core = _traced_rule_tangent(role, call, lin, need, sel)
@@ -83,13 +89,39 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None)
                   for o, f in zip(outs, out_float)]
 
 
+def _closure_tangents(role, call: Call, lay: Layout, tangents) -> set:
+    """Check the tangents of keyword operands; return those to drop as zero.
+
+    Keyword operands are not differentiable. A closed-over value is, where
+    JAX differentiates the code that uses it (a traced rule of a derived
+    primitive, a traced function without derivative rules); code that does not
+    use it does not depend on it; for f with custom rules it is an error.
+    """
+    dropped = set()
+    for k, i in enumerate(lay.ks):
+        if not _nonzero(tangents[i]):
+            continue
+        if not call.is_closure(k):
+            raise _keyword_error(call, k, role, "a tangent flows into it")
+        if k - call.n_kw not in call.converted.uses(role):
+            dropped.add(i)
+        elif role == "primal" and not _jax_differentiates(role, call):
+            raise _keyword_error(call, k, role, "a tangent flows into it")
+    return dropped
+
+
+def _jax_differentiates(role, call: Call) -> bool:
+    """Whether f's derivative is JAX's own: a traced function without derivative rules."""
+    op = call.op
+    return (role == "primal" and op.traced and op.jvp_rule is None and op.vjp_rule is None
+            and op.transpose_rule is None and op.fwd_rule is None)
+
+
 def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
     """∂f(x)·ẋ for the float outputs, from whichever rules the op has."""
     op = call.op
     jr, vr = op.jvp_rule, op.vjp_rule
     n, m = call.n_in, len(call.kw_avals)
-    avals = out_avals("jvp", call, None, None)
-    names = out_names("jvp", call, None)
 
     if uses_residuals(call):  # reverse mode runs the bwd rule on the fwd rule's residuals
         return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
@@ -104,20 +136,15 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
         if jr is None and vr is None:  # JAX's own derivative of a traced function
             return _jax_jvp(call, present, xs, ks, ts)
         if jr is not None and jr.traced and vr is None:
-            return checked(call, "jvp", _impls.jvp(call, jr.fn, present, jnp, (),
-                                                          jr.symbolic_zeros), avals, names)(*ops)
-        if jr is None and vr.traced:  # the jvp is the transpose of the traced vjp
-            run = checked(call, "vjp", _impls.vjp(call, vr.fn, call.float_out, present, jnp, (),
-                                                     vr.symbolic_zeros),
-                          out_avals("vjp", call, None, present), out_names("vjp", call, present))
-            sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
-            return list(jax.linear_transpose(lambda *cts: run(*xs, *ks, *cts), *sds)(list(ts)))
+            return traced_run("jvp", call, jr, present, None)(*ops)
+        # f_jvp; with a traced vjp rule and no jvp rule, lowering f_jvp transposes the vjp
+        # rule, while reverse mode transposes f_jvp into f_vjp and runs the rule as given
         return fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
     return core
 
 
 def _jax_jvp(call: Call, present, xs, ks, ts) -> list:
-    fwd = _impls.primal(call, call.op.fn, jnp)
+    fwd = make_run("primal", call, Rule(call.op.fn, True), None, None, jnp, ())
     fidx = [i for i, f in enumerate(call.float_in) if f]
 
     def f(*fx):
@@ -132,7 +159,8 @@ def _jax_jvp(call: Call, present, xs, ks, ts) -> list:
 
 
 def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list]:
-    """JVP of a derived primitive in its non-linear operands: JAX differentiates the rule."""
+    """JVP of a primitive in its non-linear operands: JAX differentiates the traced rule
+    (or, for f itself, the traced function, closed-over values included)."""
     op = call.op
     rule = rule_of(role, call)
     if rule is None or not rule.traced:
@@ -142,7 +170,10 @@ def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list
             f"{role_name(role, call)}, which is {kind}. Host rules give first derivatives "
             f"only; for higher orders register the rule as traced JAX code "
             f"(op.def_{role}(rule, traced=True)), calling other bound ops where needed")
-    run = make_run(role, call, rule, lin, need, jnp, ())
+    run = traced_run(role, call, rule, lin, need)
+    if role == "primal":  # tangents of the float outputs only
+        run_all = run
+        run = lambda *ops: [o for o, f in zip(run_all(*ops), call.float_out) if f]
 
     def core(*ops):
         n_ops = len(ops) - len(sel)

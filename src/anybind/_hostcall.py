@@ -18,7 +18,6 @@ from . import _impls
 from ._spec import Batch, Call
 
 _TARGETS = {"cpu": "xla_buffer_python_cpu_callback"}
-_SCALARS = (int, float, complex, bool)
 _ARRAYS = (np.ndarray, np.generic)  # NumPy returns scalars from operations on 0-d arrays
 
 
@@ -31,14 +30,9 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
     if r is None:
         raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
                         f"{np.dtype(aval.dtype).name}{list(shape)}")
-    if isinstance(r, _SCALARS) and not isinstance(r, np.generic):
-        # A Python number has no dtype of its own: take it if it converts exactly.
-        try:
-            v = np.asarray(r, dtype=aval.dtype)
-            exact = bool(v == r)
-        except (TypeError, ValueError, OverflowError):
-            exact = False
-        if not exact:
+    if _impls.is_python_scalar(r):
+        v = _impls.exact_python_scalar(r, aval.dtype)
+        if v is None:
             raise HostError(
                 f"anybind op '{call.op.name}': {what} is the Python {type(r).__name__} {r!r}, "
                 f"which {np.dtype(aval.dtype).name} cannot hold exactly; declared shape "

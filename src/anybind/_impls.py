@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
-
-from jax import tree_util
+from jax import lax, tree_util
 
 from ._spec import Call, InBatched
 
@@ -265,7 +266,7 @@ def call_vmap_rule(call: Call, fn: Callable, batch, ops) -> tuple[list, list]:
     n = call.n_in
     args = [o if m else o[0] for o, m in zip(ops, batch.mask)]
     in_batched = InBatched(call.args_tree.unflatten(batch.mask[:n]))
-    in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:])
+    in_batched.kwargs = call.kw_tree.unflatten(batch.mask[n:n + call.n_kw])
     res = fn(batch.size, in_batched, *call.args(args[:n]), **call.kwargs(args[n:]))
     if not (isinstance(res, tuple) and len(res) == 2):
         raise TypeError(f"anybind op '{call.op.name}': the vmap rule must return a pair "
@@ -281,13 +282,64 @@ def call_vmap_rule(call: Call, fn: Callable, batch, ops) -> tuple[list, list]:
                                e) from None
 
 
+def is_python_scalar(r) -> bool:
+    return isinstance(r, (int, float, complex, bool)) and not isinstance(r, np.generic)
+
+
+def exact_python_scalar(r, dtype) -> np.ndarray | None:
+    """A Python number as a 0-d array of ``dtype`` if it converts exactly, else None.
+
+    A Python number has no dtype of its own, so host and traced rules alike may
+    return one wherever the declared dtype holds it: equal after conversion as
+    NumPy compares them, without overflow (``3`` and ``0.1`` for float32, not
+    ``1.5`` or ``2**40`` for int32, ``1e300`` for float32 or ``1j`` for float64).
+    """
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = np.asarray(r, dtype=dtype)
+            same = bool(v == r) or (r != r and bool(np.isnan(v)))  # nan stays nan
+            exact = same and (bool(np.isfinite(v)) or not np.isfinite(r))
+        return v if exact else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def check_traced_outputs(call: Call, role: str, outs: Sequence[Any], avals: Sequence[Any],
-                         names: Sequence[str]) -> None:
-    """Trace-time check of a traced rule's outputs against the expected avals."""
+                         names: Sequence[str]) -> list:
+    """Trace-time check of a traced rule's outputs against the expected avals.
+
+    Accepts what a host rule's outputs may be (see ``_hostcall``): values of
+    the expected shape and dtype, and Python numbers that the dtype holds
+    exactly; and, as JAX's type promotion would, weakly typed values (the
+    results of Python-number arithmetic) of the expected shape whose dtype
+    promotes to the expected one. Returns the outputs with those converted.
+    """
+    res = []
     for o, a, name in zip(outs, avals, names):
+        if is_python_scalar(o):
+            v = exact_python_scalar(o, a.dtype) if a.shape == () else None
+            if v is None:
+                raise TypeError(
+                    f"anybind op '{call.op.name}': the {ROLE_NAMES[role]} returned the Python "
+                    f"{type(o).__name__} {o!r} for {name}, which is not a {a.str_short()} "
+                    f"(a Python number must be exactly representable in a scalar output's "
+                    f"dtype); expected {a.str_short()}")
+            res.append(jnp.asarray(v))
+            continue
         shape, dtype = getattr(o, "shape", None), getattr(o, "dtype", None)
-        if shape != a.shape or dtype != a.dtype:
+        if shape == a.shape and dtype != a.dtype and _weak_promotes(o, a.dtype):
+            o = lax.convert_element_type(o, a.dtype)
+        elif shape != a.shape or dtype != a.dtype:
             got = f"{dtype}{list(shape)}" if shape is not None else type(o).__name__
             raise TypeError(
                 f"anybind op '{call.op.name}': the {ROLE_NAMES[role]} returned {got} for {name}; "
                 f"expected {a.str_short()}")
+        res.append(o)
+    return res
+
+
+def _weak_promotes(o, dtype) -> bool:
+    """Whether ``o`` is weakly typed and JAX's promotion with ``dtype`` gives ``dtype``."""
+    if not isinstance(o, (jax.Array, jax.core.Tracer)) or not jax.typeof(o).weak_type:
+        return False
+    return jnp.result_type(o, dtype) == dtype

@@ -30,9 +30,9 @@ from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
 
-from . import (_batching, _compiled, _derivatives, _hostcall, _impls, _multilinear,
-               _partition)
-from ._roles import (ROLES, MissingRuleError, checked, make_run, missing_rule_message,
+from . import (_batching, _closures, _compiled, _derivatives, _hostcall, _impls,
+               _multilinear, _partition)
+from ._roles import (ROLES, MissingRuleError, make_run, missing_rule_message, traced_run,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
 
@@ -149,9 +149,11 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
         return _hostcall.lower_host(ctx, *args, runner=runner_for(call, batch), call=call,
                                     role_name=name, has_side_effect=effect)
     if by_vmap_rule:
+        if call.n_closure:
+            raise _closures.vmap_rule_error(call)
         fn = _traced_vmap_rule(call, rule, batch)
     else:
-        fn = checked(call, role, make_run(role, call, rule, lin, need, jnp, ()), avals, names)
+        fn = traced_run(role, call, rule, lin, need)
         if batch is not None:
             fn = _batching.vmapped(fn, batch.mask, batch.size)
     return mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
@@ -165,6 +167,5 @@ def _traced_vmap_rule(call: Call, rule: Rule, batch: Batch) -> Callable[..., lis
         leaves, flags = _impls.call_vmap_rule(call, rule.fn, batch, ops)
         outs = [l if f else jnp.broadcast_to(l, (batch.size,) + jnp.shape(l))
                 for l, f in zip(leaves, flags)]
-        _impls.check_traced_outputs(call, "vmap", outs, avals, names)
-        return outs
+        return _impls.check_traced_outputs(call, "vmap", outs, avals, names)
     return run

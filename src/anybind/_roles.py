@@ -16,6 +16,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.extend.core import jaxpr_as_fun
 
 from . import _impls
 from ._spec import Call, Rule
@@ -73,6 +74,13 @@ def role_name(role: str, call: Call) -> str:
     return _impls.ROLE_NAMES["bwd" if role == "vjp" and uses_residuals(call) else role]
 
 
+def derives_jvp(call: Call) -> bool:
+    """Whether the jvp is the transpose of a traced vjp rule (the op has no jvp rule)."""
+    vr = call.op.vjp_rule
+    return (call.op.jvp_rule is None and vr is not None and vr.traced
+            and not uses_residuals(call))
+
+
 def rule_of(role: str, call: Call, need=None) -> Rule | None:
     """The user's code that implements a role, or None when it is missing."""
     op = call.op
@@ -83,6 +91,8 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
     if role == "fwd":
         return op.fwd_rule
     if role == "jvp":
+        if op.jvp_rule is None and derives_jvp(call):  # f_jvp transposes the traced vjp
+            return op.vjp_rule
         return op.jvp_rule
     if role == "vjp":
         return op.bwd_rule if uses_residuals(call) else op.vjp_rule
@@ -94,10 +104,16 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
 
 
 def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable[..., list]:
+    if rule.traced and call.converted is not None:  # code closing over tracers, hoisted
+        run = call.converted.run(role, call, lin, need)
+        if run is not None:
+            return run
     if role == "primal":
         return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
     if role == "fwd":
         return _impls.fwd(call, rule.fn, xp, lead)
+    if role == "jvp" and call.op.jvp_rule is None:
+        return _transposed_vjp(call, lin)
     if role == "jvp":
         return _impls.jvp(call, rule.fn, lin, xp, lead, rule.symbolic_zeros)
     if role == "vjp" and uses_residuals(call):
@@ -131,7 +147,7 @@ def _multilinear_rule(call: Call, need) -> Rule:
 
 def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:
     m = len(call.kw_avals)
-    fwd = _impls.primal(call, call.op.fn, jnp)
+    fwd = make_run("primal", call, Rule(call.op.fn, True), None, None, jnp, ())
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.in_avals]
 
     def run(*ops):
@@ -140,6 +156,33 @@ def _traced_linear_transpose(call: Call, lin, need) -> Callable[..., list]:
         t = jax.linear_transpose(lambda *xs: fwd(*xs, *ks), *sds)(full)
         return [c for c, k in zip(t, need) if k]
     return run
+
+
+def _transposed_vjp(call: Call, lin) -> Callable[..., list]:
+    """ẋ ↦ ∂f(x)·ẋ as the transpose of the traced vjp rule ȳ ↦ ∂f(x)ᵀ·ȳ.
+
+    Built only when ``f_jvp`` itself is evaluated (forward mode); reverse mode
+    transposes ``f_jvp`` into ``f_vjp``, which runs the rule as given, so a vjp
+    rule that is not linear in ȳ (clipping, straight-through) serves reverse mode.
+    """
+    vr = call.op.vjp_rule
+    n, m = call.n_in, len(call.kw_avals)
+    run = traced_run("vjp", call, vr, call.float_out, lin)
+    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals("jvp", call, None, None)]
+
+    def run_jvp(*ops):
+        fixed, ts = ops[:n + m], ops[n + m:]
+        vjp_jaxpr = jax.make_jaxpr(lambda *cts: run(*fixed, *cts))(*sds)  # the rule's errors
+        try:
+            return list(jax.linear_transpose(jaxpr_as_fun(vjp_jaxpr), *sds)(list(ts)))
+        except Exception as e:  # JAX raises NotImplementedError, AssertionError, RuntimeError
+            raise MissingRuleError(
+                f"anybind op '{call.op.name}' has no jvp rule, and its traced vjp rule is not "
+                f"linear in the cotangent, so forward mode (jvp, jacfwd, linearize) cannot "
+                f"derive one by transposing it ({type(e).__name__}: {e}). Such a vjp rule "
+                f"(clipping, straight-through, gradient reversal) serves reverse mode only; "
+                f"give a jvp rule (op.def_jvp(rule, traced=True)) for forward mode") from e
+    return run_jvp
 
 
 def missing_rule_message(role: str, op) -> str:
@@ -157,11 +200,16 @@ def missing_rule_message(role: str, op) -> str:
             f"(grad, vjp, linear_transpose) cannot run; add one with op.def_transpose(rule)")
 
 
+def traced_run(role: str, call: Call, rule: Rule, lin, need) -> Callable[..., list]:
+    """A role run by traced code: ``make_run`` on jax.numpy, its outputs checked and
+    conformed by ``check_traced_outputs``."""
+    run = make_run(role, call, rule, lin, need, jnp, ())
+    return checked(call, role, run, out_avals(role, call, lin, need), out_names(role, call, need))
+
+
 def checked(call: Call, role: str, run: Callable, avals, names) -> Callable[..., list]:
     def f(*ops):
-        outs = run(*ops)
-        _impls.check_traced_outputs(call, role, outs, avals, names)
-        return outs
+        return _impls.check_traced_outputs(call, role, run(*ops), avals, names)
     return f
 
 

@@ -89,6 +89,11 @@ class Call:
     res_avals: tuple = ()
     static_types: tuple = ()  # so that 1, 1.0 and True are different static values
     version: int = 0  # the op's rules version: redefining a rule makes new calls
+    # Tracers of enclosing traces that the op's traced code closes over: the last
+    # ``n_closure`` leaves of ``kw_avals``, bound as operands (see _closures.py).
+    n_closure: int = 0
+    closed: tuple = dataclasses.field(default=(), compare=False, hash=False)
+    converted: Any = dataclasses.field(default=None, compare=False, hash=False)
 
     @property
     def n_in(self) -> int:
@@ -120,7 +125,7 @@ class Call:
     def _hash(self) -> int:
         return hash((self.op, self.args_tree, self.kw_tree, self.static, self.in_avals,
                      self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
-                     self.res_avals, self.static_types, self.version))
+                     self.res_avals, self.static_types, self.version, self.n_closure))
 
     def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
         return self._hash
@@ -144,6 +149,8 @@ class Call:
 
     def kwargs(self, ks) -> dict:
         """Keyword operands and static keywords; only to be unpacked with ``**``."""
+        if self.n_closure:
+            ks = ks[:len(ks) - self.n_closure]
         if not ks:
             return self._static
         kw = self.kw_tree.unflatten(list(ks))
@@ -163,7 +170,18 @@ class Call:
         """The positional arguments as pytrees of ShapeDtypeStruct."""
         return self.args([_sds(a) for a in self.in_avals])
 
+    @property
+    def n_kw(self) -> int:
+        """The number of keyword operand leaves the user passed (without closures)."""
+        return len(self.kw_avals) - self.n_closure
+
+    def is_closure(self, i: int) -> bool:
+        """Whether keyword operand leaf ``i`` is a closed-over value."""
+        return i >= self.n_kw
+
     def kw_name(self, i: int) -> str:
+        if self.is_closure(i):
+            return f"closed-over value {i - self.n_kw} ({fmt_aval(self.kw_avals[i])})"
         return f"keyword argument {self.kw_paths[i]}"
 
     def out_name(self, j: int) -> str:
