@@ -394,7 +394,8 @@ def describe(op) -> str:
     rules += [f"transpose in {i}{' (traced)' if r.traced and not op.traced else ''}"
               for i, r in sorted(getattr(op, "transpose_rules", {}).items())]
     argnums = tuple(getattr(op, "linear_argnums", ()))
-    kinds = ["traced" if op.traced else "host"] + (["linear"] if op.linear else [
+    kinds = ["traced" if op.traced else "host"] + (["symmetric"] if getattr(
+        op, "symmetric", False) else []) + (["linear"] if op.linear else [
         f"linear in {', '.join(map(str, argnums))}"] if argnums else [
         "multilinear"] if getattr(op, "multilinear", False) else [])
     vmap = "rule" if getattr(op, "vmap_rule", None) is not None else op.vmap
