@@ -52,7 +52,7 @@ import anybind as ab  # noqa: E402
 from anybind._demo_recipes import direct_forces, forces  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-PAIRS_PER_CHUNK = 2**24  # chunk rows × N: one chunk's N×chunk×3 float32 array is 192 MiB
+PAIRS_PER_CHUNK = 2**22  # chunk rows × N: one chunk's N×chunk×3 float32 array is 48 MiB
 
 
 # ----------------------------------------------------------------- the routes
@@ -229,13 +229,14 @@ def machine() -> str:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{cpu}, {os.cpu_count()} cores, {mem:.1f} GiB; jax {jax.__version__}, "
-            f"NumPy {np.__version__}; load average at start {os.getloadavg()}")
+            f"NumPy {np.__version__}; load average at start "
+            f"{', '.join(f'{l:.1f}' for l in os.getloadavg())}")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", default="nbody,loop,residuals")
-    p.add_argument("--nbody-n", default="8192,16384")
+    p.add_argument("--nbody-n", default="4096,8192")
     p.add_argument("--steps", default="10,100,1000")
     p.add_argument("--residual-n", type=int, default=2**24)
     p.add_argument("--repeats", type=int, default=3)
