@@ -34,3 +34,22 @@ def test_ffi_routes_agree_per_call_and_inside_the_scan():
         {1: {name: {"min_us": 1.0, "median_us": 2.0} for name in run.ffi_routes.functions()}},
         {name: {"min_us": 1.0, "median_us": 2.0} for name in run.ffi_routes.functions()})
     assert "hand-written C++ FFI" in text and "anybind compiled (C)" in text
+
+
+def test_recipes_benchmark_residual_choices_give_the_gradient():
+    """benchmarks/recipes.py's two def_fwd/def_bwd forms of sin(x)·cos(x)·y² (the
+    README's residual-choice example): both give the analytic gradient."""
+    import jax
+    import jax.numpy as jnp
+    spec = importlib.util.spec_from_file_location(
+        "anybind_benchmarks_recipes", RUN.parent / "recipes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x, y = np.linspace(-2.0, 2.0, 9), np.linspace(0.5, 1.5, 9)
+    ref = lambda x, y: jnp.sum(jnp.sin(x) * jnp.cos(x) * y**2)
+    want = jax.grad(ref, argnums=(0, 1))(x, y)
+    for name, op in module.sincos_ops().items():
+        got = jax.jit(jax.grad(lambda x, y: jnp.sum(op(x, y)), argnums=(0, 1)))(x, y)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-13, atol=1e-14,
+                                       err_msg=name)

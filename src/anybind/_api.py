@@ -12,6 +12,7 @@ from jax import tree_util
 from . import _closures, _compiled, _partition
 from ._hostcall import pop_host_error
 from ._primitive import Family
+from ._roles import check_symmetric
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
 
 VmapMode = Union[Literal["sequential", "vectorized"], Callable[..., Any]]
@@ -35,7 +36,7 @@ class Op:
                  vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
                  examples: Callable[[], tuple] | None = None, out: bool = False,
                  multilinear: bool = False, shard: str | None = None,
-                 replicated: tuple[str, ...] = ()):
+                 replicated: tuple[str, ...] = (), symmetric: bool = False):
         if not callable(fn):
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -55,6 +56,7 @@ class Op:
                             f"argument separately) and linear={linear!r} exclude each other")
         self.transpose_rules: dict = {}  # argnum -> Rule, for a multilinear op
         self.traced = bool(traced)
+        self.symmetric = bool(symmetric)  # ∂f(x) = ∂f(x)ᵀ: the jvp rule serves as the vjp
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
         self._calls: dict = {}
@@ -321,6 +323,8 @@ class Op:
         if _closures.under_trace():  # the op's code may close over tracers of this trace
             _closures.check_host(self)
             call = _closures.convert(call)
+        if self.symmetric:
+            check_symmetric(call)
         with self._lock:
             self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
         return call
@@ -347,7 +351,8 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
          traced: bool = False,
          has_side_effect: bool = False, name: str | None = None,
          examples: Callable[[], tuple] | None = None, out: bool = False,
-         shard: str | None = None, replicated: tuple[str, ...] = ()):
+         shard: str | None = None, replicated: tuple[str, ...] = (),
+         symmetric: bool = False):
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -388,6 +393,12 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
         operand may be split across devices; each device runs ``fn`` (and every
         rule) on its slice. Without it the op runs whole (replicated).
       replicated: factors of ``shard`` that must stay whole (an FFT's axis).
+      symmetric: the Jacobian with respect to the single positional argument is
+        symmetric (J = Jᵀ; for complex values transposed, not conjugated), so the
+        jvp rule, run with the cotangent as its tangent, is also the vjp: one rule
+        gives forward and reverse mode, and reverse mode stores only what forward
+        mode does. With ``traced=True`` and no jvp rule, JAX's jvp of ``fn`` is
+        that rule. For ``linear=True`` ops the function is its own transpose.
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
@@ -399,7 +410,7 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
                    vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
                    examples=examples, out=out, multilinear=multilinear, shard=shard,
-                   replicated=replicated)
+                   replicated=replicated, symmetric=symmetric)
     if fn is None:
         return lambda f: Op(f, **options)
     return Op(fn, **options)

@@ -395,7 +395,8 @@ def describe(op) -> str:
               for i, r in sorted(getattr(op, "transpose_rules", {}).items())]
     argnums = tuple(getattr(op, "linear_argnums", ()))
     code = "traced" if op.traced else "compiled" if _compiled.is_compiled(op.fn) else "host"
-    kinds = [code] + (["linear"] if op.linear else [
+    kinds = [code] + (["symmetric"] if getattr(op, "symmetric", False) else []) + (
+        ["linear"] if op.linear else [
         f"linear in {', '.join(map(str, argnums))}"] if argnums else [
         "multilinear"] if getattr(op, "multilinear", False) else [])
     vmap = "rule" if getattr(op, "vmap_rule", None) is not None else op.vmap

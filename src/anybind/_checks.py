@@ -225,6 +225,7 @@ def vjp(ctx) -> None:
             else "the transpose rule (linear=True)" if op.linear and op.vjp_rule is None
             else "the transpose rule for this argument (multilinear=True)"
             if getattr(op, "multilinear", False)
+            else "the jvp rule (symmetric=True)" if getattr(op, "symmetric", False)
             else "the vjp rule" if op.vjp_rule is not None
             else "the vjp derived from the traced jvp rule" if op.jvp_rule is not None
             else "JAX's vjp of the traced function")
@@ -240,6 +241,28 @@ def vjp(ctx) -> None:
         ctx.record("vjp", label, verdicts,
                    hint=f"⟨ȳ, J·ẋ⟩ from {source} differs from ⟨Jᵀ·ȳ, ẋ⟩ from {rule}, which "
                         f"is wrong for this argument.")
+
+
+def symmetry(ctx) -> None:
+    """⟨u, J·v⟩ = ⟨J·u, v⟩ for a ``symmetric=True`` op, both products by its jvp.
+
+    The vjp of such an op is its jvp, so this is what makes reverse mode right.
+    Complex leaves get directions with real and imaginary parts.
+    """
+    if not getattr(ctx.op, "symmetric", False) or _no_derivatives(ctx, "symmetry"):
+        return
+    ctx.current = ("symmetry", "argument 0")
+    f, xs = ctx.f_of(ctx.fx), [ctx.xs[i] for i in ctx.fx]
+
+    def direction():
+        return [ctx.tangent(x) + (ctx.tangent(x, True) if jnp.iscomplexobj(x) else 0)
+                for x in xs]
+    u, v = direction(), direction()
+    ju, jv = (jax.jvp(f, xs, t)[1] for t in (u, v))
+    ctx.record("symmetry", "argument 0", [ctx.assess_scalars(*_identity(u, jv, ju, v))],
+               hint="The op is declared symmetric=True but its Jacobian (from the jvp) is not "
+                    "symmetric, so the vjp it derives from the jvp is wrong. For complex "
+                    "values symmetric means J = Jᵀ, not Hermitian.")
 
 
 def _identity(ybar, jt, cts, ts) -> tuple:
@@ -477,7 +500,7 @@ def hessian(ctx) -> None:
 
 
 CHECKS: list = [("spec", spec), ("eager", eager), ("shard", shard), ("linearity", linearity),
-                ("jvp", jvp),
+                ("jvp", jvp), ("symmetry", symmetry),
                 ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
                 ("vmap of derivatives", vmap_derivatives), ("jit", jit),
                 ("2nd-order jvp", second_order),

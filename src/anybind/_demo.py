@@ -8,6 +8,8 @@ when ducc0 is installed, JAXbind's three demos (``_demo_jaxbind``), and a
 Numba N-body kernel bound as compiled code (no Python in the call) when Numba
 is installed — then runs the transformation matrix on each and compares every
 result with an independent pure-JAX reference.
+
+Then the recipes against plain JAX reverse mode (``_demo_recipes``).
 """
 from __future__ import annotations
 
@@ -276,9 +278,11 @@ def run(show: Callable[[str], None] | None = print) -> dict:
     results = []
     for c in cs:
         results += run_case(c)
-    ok = all(r["status"] != "FAIL" for r in results)
+    from . import _demo_recipes
+    recipes = _demo_recipes.results(_rng, _error)
+    ok = all(r["status"] != "FAIL" for r in results + recipes)
     out = {"ok": ok, "elapsed_s": time.perf_counter() - t0, "versions": _versions(),
-           "notes": notes, "results": results}
+           "notes": notes, "results": results, "recipes": recipes}
     if show is not None:
         show(format_table(out))
     return out
@@ -314,6 +318,12 @@ def format_table(out: dict) -> str:
         tm = "—" if r["time_s"] is None else _ms(r["time_s"])
         lines.append(f"{r['op'].ljust(w)}  {r['transformation']:<14}  {_MARK[r['status']]}  "
                      f"{err:>9}  {tm:>9}  {r['note']}")
+    lines += ["", "recipes vs plain JAX reverse mode (temporary memory of the compiled "
+                  "programs, XLA's count; peak RSS in benchmarks/README.md):"]
+    for r in out.get("recipes", []):
+        lines.append(f"  {_MARK[r['status']]} {r['recipe']}: error {r['error']:.1e}, "
+                     f"{_mib(r['temp_bytes'])} vs {_mib(r['jax_temp_bytes'])}")
+    res = res + out.get("recipes", [])
     n_ok = sum(r["status"] == "ok" for r in res)
     n_bad = sum(r["status"] == "FAIL" for r in res)
     lines += [""] + [f"note: {n}" for n in out["notes"]]
@@ -321,6 +331,10 @@ def format_table(out: dict) -> str:
                  f"{RTOL:.0e})" + (f", {n_bad} FAILED" if n_bad else "")
                  + f"; {out['elapsed_s']:.1f} s")
     return "\n".join(lines)
+
+
+def _mib(b: int) -> str:
+    return f"{b / 2**20:.1f} MiB"
 
 
 def _ms(s: float) -> str:

@@ -131,6 +131,9 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
             f"mode and op.def_vjp(rule) for reverse mode, a traced rule from which the other "
             f"follows, or declare linear=True with a transpose rule")
 
+    if op.symmetric:  # a primitive, so that reverse mode transposes it into the jvp rule
+        return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
+
     def core(*ops):
         xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
         if jr is None and vr is None:  # JAX's own derivative of a traced function
@@ -169,7 +172,8 @@ def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list
             f"anybind op '{op.name}': a higher-order derivative differentiates its "
             f"{role_name(role, call)}, which is {kind}. Host rules give first derivatives "
             f"only; for higher orders register the rule as traced JAX code "
-            f"(op.def_{role}(rule, traced=True)), calling other bound ops where needed")
+            f"(op.def_{'jvp' if op.symmetric else role}(rule, traced=True)), calling other "
+            f"bound ops where needed")
     run = traced_run(role, call, rule, lin, need)
     if role == "primal":  # tangents of the float outputs only
         run_all = run

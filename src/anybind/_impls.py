@@ -37,7 +37,8 @@ from jax import lax, tree_util
 from ._spec import Call, InBatched
 
 ROLE_NAMES = {"primal": "function", "fwd": "fwd rule", "jvp": "jvp rule", "vjp": "vjp rule",
-              "bwd": "bwd rule", "transpose": "transpose rule", "vmap": "vmap rule"}
+              "bwd": "bwd rule", "transpose": "transpose rule", "vmap": "vmap rule",
+              "symmetric": "jvp rule (as the vjp of a symmetric=True op)"}
 
 
 def _zeros(xp, lead, aval):
@@ -92,7 +93,7 @@ def _flatten_outputs(call: Call, role: str, out) -> list:
     try:
         return call.out_tree.flatten_up_to(out)
     except (ValueError, TypeError) as e:
-        if out is None and role == "jvp":
+        if out is None and role in ("jvp", "symmetric"):
             return [None] * len(call.out_avals)
         raise _structure_error(call, role, "an output", call.out_tree, out, e) from None
 
@@ -202,6 +203,25 @@ def vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
         xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
         out = fn(call.args(xs), cotangent(cts), **call.kwargs(ks), **extra)
         return select(_flatten_per_arg(call, "vjp", out))
+    return run
+
+
+def symmetric_vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
+                  symbolic: bool = False) -> Callable[..., list]:
+    """∂f(x)ᵀ·ȳ = ∂f(x)·ȳ: the jvp rule with the cotangent ȳ as its tangent.
+
+    The output is structured like the one positional argument, so ȳ's leaves
+    are that argument's tangent leaves and the rule's output leaves are its
+    cotangent leaves.
+    """
+    n, m = call.n_in, len(call.kw_avals)
+    fill = _filler(lin, call.out_avals, call.float_out, xp, lead, symbolic)
+    select = _selector(need, call.in_avals, xp, lead)
+
+    def run(*ops):
+        xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
+        out = fn(call.args(xs), call.args(fill(cts)), **call.kwargs(ks))
+        return select(_flatten_outputs(call, "symmetric", out))
     return run
 
 

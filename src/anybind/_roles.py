@@ -9,6 +9,10 @@ jvp        (xs, ks, [rs], ẋ)            ∂f(x)·ẋ, linear in ẋ
 vjp        (xs, ks, [rs], ȳ)            ∂f(x)ᵀ·ȳ, linear in ȳ (bwd rule on r, if any)
 transpose  (ks, ȳ)                      Aᵀ·ȳ for a linear op f(x) = A·x
 =========  ===========================  ================================
+
+A ``symmetric=True`` op has ∂f(x)ᵀ = ∂f(x): its vjp role runs the jvp rule
+with ȳ as the tangent, and a linear one is its own transpose. "Transpose" is
+JAX's: no complex conjugation, ⟨ȳ, J·ẋ⟩ = ⟨Jᵀ·ȳ, ẋ⟩ with ⟨a, b⟩ = Re Σ a·b.
 """
 from __future__ import annotations
 
@@ -71,6 +75,8 @@ def uses_residuals(call: Call) -> bool:
 
 
 def role_name(role: str, call: Call) -> str:
+    if role == "vjp" and call.op.symmetric:
+        return _impls.ROLE_NAMES["symmetric"]
     return _impls.ROLE_NAMES["bwd" if role == "vjp" and uses_residuals(call) else role]
 
 
@@ -79,6 +85,38 @@ def derives_jvp(call: Call) -> bool:
     vr = call.op.vjp_rule
     return (call.op.jvp_rule is None and vr is not None and vr.traced
             and not uses_residuals(call))
+
+
+def check_symmetric(call: Call) -> None:
+    """A symmetric Jacobian is square: one positional argument, an output like it."""
+    op = call.op
+    if call.n_args != 1 or call.out_tree != call.arg_trees[0] \
+            or call.out_avals != call.in_avals or not all(call.float_in):
+        from ._spec import fmt_aval
+        raise TypeError(
+            f"anybind op '{op.name}' is declared symmetric=True, so its Jacobian must be "
+            f"square: one positional argument of floating or complex leaves and an output of "
+            f"the same structure, shapes and dtypes; got {call.n_args} positional "
+            f"argument(s) with leaves {[fmt_aval(a) for a in call.in_avals]} and outputs "
+            f"{[fmt_aval(a) for a in call.out_avals]}")
+    given = [k for k in ("vjp", "fwd", "bwd") if getattr(op, f"{k}_rule") is not None]
+    if given:
+        raise TypeError(
+            f"anybind op '{op.name}' is declared symmetric=True, so its jvp rule serves as "
+            f"the vjp; it cannot also have a {' or '.join(given)} rule. Drop symmetric=True "
+            f"to use them")
+
+
+def _jax_jvp_rule(fn: Callable) -> Callable:
+    """JAX's own jvp of a traced function, as a jvp rule."""
+    def jvp(primals, tangents, **kw):
+        return jax.jvp(lambda *a: fn(*a, **kw), primals, tangents)[1]
+    return jvp
+
+
+def _self_transpose(fn: Callable) -> Callable:
+    """A symmetric linear function as its own transpose rule."""
+    return lambda ct, **kw: (fn(ct, **kw),)
 
 
 def rule_of(role: str, call: Call, need=None) -> Rule | None:
@@ -93,11 +131,17 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
     if role == "jvp":
         if op.jvp_rule is None and derives_jvp(call):  # f_jvp transposes the traced vjp
             return op.vjp_rule
+        if op.jvp_rule is None and op.symmetric and op.traced:
+            return Rule(_jax_jvp_rule(op.fn), True)
         return op.jvp_rule
     if role == "vjp":
+        if op.symmetric:  # the jvp rule, run with ȳ as its tangent
+            return rule_of("jvp", call)
         return op.bwd_rule if uses_residuals(call) else op.vjp_rule
     if op.transpose_rule is not None:
         return op.transpose_rule
+    if op.linear and op.symmetric and not op.inplace:
+        return Rule(_self_transpose(op.fn), op.traced)
     if op.linear and op.traced:  # JAX transposes the traced function itself
         return Rule(op.fn, True)
     return None
@@ -112,10 +156,12 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
         return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
     if role == "fwd":
         return _impls.fwd(call, rule.fn, xp, lead)
-    if role == "jvp" and call.op.jvp_rule is None:
+    if role == "jvp" and derives_jvp(call):
         return _transposed_vjp(call, lin)
     if role == "jvp":
         return _impls.jvp(call, rule.fn, lin, xp, lead, rule.symbolic_zeros)
+    if role == "vjp" and call.op.symmetric:
+        return _impls.symmetric_vjp(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if role == "vjp" and uses_residuals(call):
         return _impls.bwd(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros)
     if role == "vjp":
@@ -123,6 +169,8 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
     if call.op.multilinear:
         from . import _multilinear
         return _multilinear.run_transpose(call, rule, need, xp, lead)
+    if call.op.transpose_rule is None and call.op.symmetric:  # its own transpose
+        return _impls.transpose(call, rule.fn, lin, need, xp, lead)
     if call.op.transpose_rule is None:  # derived from a traced linear function
         return _traced_linear_transpose(call, lin, need)
     return _impls.transpose(call, rule.fn, lin, need, xp, lead, rule.symbolic_zeros,
@@ -191,6 +239,9 @@ def missing_rule_message(role: str, op) -> str:
                 f"(jvp, jacfwd, linearize) cannot evaluate its tangent; add one with "
                 f"op.def_jvp(rule), or give a traced vjp rule (def_vjp(rule, traced=True)), "
                 f"from which the jvp is derived by transposition")
+    if role == "vjp" and op.symmetric:
+        return (f"anybind op '{op.name}' is declared symmetric=True, so reverse mode runs its "
+                f"jvp rule, but it has none; add one with op.def_jvp(rule)")
     if role == "vjp":
         return (f"anybind op '{op.name}' has no vjp rule, so reverse-mode differentiation "
                 f"(grad, vjp, jacrev, linear_transpose of its tangent map) cannot run; add one "
