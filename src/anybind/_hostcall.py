@@ -74,7 +74,13 @@ def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
 
 
 def _in_views(buffers) -> list:
-    views = [np.asarray(b) for b in buffers]
+    """Read-only NumPy views of XLA's input buffers.
+
+    ``Buffer.__array__()`` is called directly: ``np.asarray(buffer)`` reaches
+    the same method only after probing the other array protocols, which costs
+    ≈ 0.3 µs a buffer, more than the view and the read-only flag together.
+    """
+    views = [b.__array__() for b in buffers]
     for v in views:
         v.setflags(write=False)  # XLA owns these; a host function must not write into them
     return views
@@ -110,9 +116,15 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 outs[0][...] = r
             return runner
 
-        def runner(ins, outs):
-            for j, (r, o, e) in enumerate(zip(run(*ins), outs, expected)):
-                store(o, r, j, e[0])
+        checks = [(j, e[0], e[1]) for j, e in enumerate(expected)]
+
+        def runner(ins, outs):  # the hot path of VJPs, inlined
+            res = run(*ins)
+            for j, shape, dtype in checks:
+                r = res[j]
+                if not (type(r) is np.ndarray and r.shape == shape and r.dtype == dtype):
+                    r = _as_result(call, what(j), r, out_avals[j], shape, False)
+                outs[j][...] = r
         return runner
 
     size, mask = batch.size, batch.mask
@@ -193,7 +205,7 @@ def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> C
         del exec_ctx
         n = len(buffers) - n_out
         try:
-            runner(_in_views(buffers[:n]), [np.asarray(b) for b in buffers[n:]])
+            runner(_in_views(buffers[:n]), [b.__array__() for b in buffers[n:]])
         except Exception as e:
             if not isinstance(e, HostError):
                 e = HostError(f"anybind op '{op_name}': the {role_name} raised "
