@@ -285,6 +285,39 @@ def test_catches_inplace_function_that_leaves_elements_unwritten():
                                                              where="output"))
 
 
+def _inplace_rules_op(skip_jvp=0, skip_vjp=0, skip_bwd=0, skip_transpose=0):
+    """x ↦ 2x (linear) with in-place jvp, vjp or fwd/bwd, and transpose rules that leave
+    the first ``skip_*`` elements of their output unwritten."""
+    def write(skip):
+        def rule(*args, out):
+            o = out if isinstance(out, np.ndarray) else out[0]
+            np.multiply(args[-1][skip:], 2, out=o[skip:])
+        return rule
+    lin = ab.bind(lambda x: 2 * x, shape=ab.like(0), linear=True, name="inplace_double")
+    lin.def_transpose(write(skip_transpose), out=True)
+    op = ab.bind(lambda x: 2 * x, shape=ab.like(0), name="inplace_double_rules")
+    op.def_jvp(lambda p, t, *, out: write(skip_jvp)(t[0], out=out), out=True)
+    if skip_bwd:
+        op.def_fwd(lambda x: (2 * x, x), residuals=lambda x: x)
+        op.def_bwd(lambda r, ct, *, out: write(skip_bwd)(ct, out=out), out=True)
+    else:
+        op.def_vjp(lambda p, ct, *, out: write(skip_vjp)(ct, out=out), out=True)
+    return lin, op
+
+
+def test_checks_inplace_rules_write_every_element():
+    lin, op = _inplace_rules_op()
+    for o in (lin, op):
+        rows = [r for r in ab.check(o, X).rows if r.check == "in-place rules"]
+        assert rows and all(r.status == "ok" for r in rows)
+    for kw, which, role in ((dict(skip_transpose=2), 0, "transpose"),
+                            (dict(skip_jvp=1), 1, "jvp"), (dict(skip_vjp=3), 1, "vjp"),
+                            (dict(skip_bwd=1), 1, "bwd")):
+        e = _raises(_inplace_rules_op(**kw)[which], X, check="in-place rules",
+                    where=f"{role} rule")
+        assert f"left {list(kw.values())[0]} of 5 elements unwritten" in str(e)
+
+
 def test_catches_wrong_bwd_rule():
     op = ab.bind(np.square, shape=ab.like(0), name="square_fwd_bwd",
                  jvp=lambda p, t: 2 * p[0] * t[0])

@@ -121,7 +121,8 @@ class Op:
     # ---------------------------------------------------------------- rules
 
     def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False,
-             input_shapes: bool = False, vmap=None, argnum: int | None = None):
+             input_shapes: bool = False, vmap=None, argnum: int | None = None,
+             out: bool = False):
         if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
             raise ValueError(f"anybind op '{self.name}': def_{kind}'s vmap must be "
                              f"'sequential', 'vectorized', a host function with the rule's "
@@ -132,6 +133,10 @@ class Op:
                             f"…)) and vjp (the transposes) are derived, so def_{kind} does "
                             f"not apply; give op.def_transpose(rule, argnum=i) per argument")
 
+        if out and traced:
+            raise TypeError(f"anybind op '{self.name}': def_{kind}(out=True) is for host rules "
+                            f"that write into preallocated outputs; a traced rule returns them")
+
         def register(r):
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
@@ -139,7 +144,12 @@ class Op:
             _compiled.adopt(self, kind, r, traced)
             if callable(vmap):  # a batched variant of the rule
                 _compiled.adopt(self, f"{kind}.vmap", vmap, traced)
-            made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap)
+            if out and _compiled.is_compiled(r):
+                raise TypeError(f"anybind op '{self.name}': def_{kind}(out=True) is for "
+                                f"Python host rules; a compiled rule always writes into "
+                                f"XLA's buffers (anybind's C calling convention)")
+            made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap,
+                        bool(out))
             if argnum is None:
                 setattr(self, f"{kind}_rule", made)
             else:
@@ -152,7 +162,8 @@ class Op:
         return register if rule is None else register(rule)
 
     def def_jvp(self, rule: Callable | None = None, *, traced: bool = False,
-                symbolic_zeros: bool = False, vmap: RuleVmap = None):
+                symbolic_zeros: bool = False, vmap: RuleVmap = None,
+                out: bool = False):
         """Set the JVP rule ``jvp(primals, tangents, **kw) -> output tangent(s)``.
 
         Computes ∂f(x)·ẋ. ``primals`` and ``tangents`` are tuples matching the
@@ -167,11 +178,27 @@ class Op:
         vectorized rule (a batched variant, such as another C entry point), or
         None (the default): the op's mode, which is vectorized when the function
         has a vmap rule.
+
+        ``out=True`` (host rules): the rule is called as ``jvp(primals, tangents,
+        out=out, **kw)``, ``out`` a pytree like the output holding writable NumPy
+        views of XLA's tangent buffers (``None`` at integer leaves); it writes
+        every element and returns None, and nothing is copied. A batched variant
+        given as ``vmap`` is called the same way, on the batched buffers.
+
+        >>> import anybind as ab, numpy as np, jax
+        >>> sq = ab.bind(np.square, shape=ab.like(0), name="sq")
+        >>> @sq.def_jvp(out=True)
+        ... def _(primals, tangents, *, out):
+        ...     np.multiply(primals[0], tangents[0], out=out)
+        ...     out *= 2
+        >>> float(jax.jvp(sq, (3.0,), (1.0,))[1])
+        6.0
         """
-        return self._set("jvp", rule, traced, symbolic_zeros, vmap=vmap)
+        return self._set("jvp", rule, traced, symbolic_zeros, vmap=vmap, out=out)
 
     def def_vjp(self, rule: Callable | None = None, *, traced: bool = False,
-                symbolic_zeros: bool = False, vmap: RuleVmap = None):
+                symbolic_zeros: bool = False, vmap: RuleVmap = None,
+                out: bool = False):
         """Set the VJP rule ``vjp(primals, cotangent, **kw) -> tuple``.
 
         Computes ∂f(x)ᵀ·ȳ: one cotangent per positional argument (a pytree like
@@ -181,12 +208,34 @@ class Op:
         also gets ``needs``, one bool per positional argument: it may return
         ``None`` for arguments not needed (e.g. under ``grad`` with respect to
         one argument) and skip their work. Usable as a decorator.
+
+        ``out=True`` (host rules): the rule is called as ``vjp(primals, cotangent,
+        out=out, **kw)`` and returns None. ``out`` is a tuple with one entry per
+        positional argument: a pytree like the argument of writable NumPy views
+        of XLA's cotangent buffers, ``None`` at leaves whose cotangent is not
+        needed (integer leaves, arguments not differentiated), and ``None`` for
+        an argument with no cotangent needed, whose work the rule skips. The
+        rule writes every element of every view (zeros for a zero cotangent);
+        nothing is copied, and no cotangent is held outside XLA's buffers.
+
+        >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
+        >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), name="mul")
+        >>> @mul.def_vjp(out=True)
+        ... def _(primals, ct, *, out):
+        ...     x1, x2 = primals
+        ...     if out[0] is not None:
+        ...         np.multiply(x2**2, ct, out=out[0])
+        ...     if out[1] is not None:
+        ...         np.multiply(2 * x1 * x2, ct, out=out[1])
+        >>> jax.grad(lambda a, b: mul(a, b).sum(), argnums=1)(jnp.ones(2), jnp.full(2, 3.0))
+        Array([6., 6.], dtype=float32)
         """
-        return self._set("vjp", rule, traced, symbolic_zeros, vmap=vmap)
+        return self._set("vjp", rule, traced, symbolic_zeros, vmap=vmap, out=out)
 
     def def_transpose(self, rule: Callable | None = None, *, traced: bool = False,
                       symbolic_zeros: bool = False, input_shapes: bool = False,
-                      vmap: RuleVmap = None, argnum: int | None = None):
+                      vmap: RuleVmap = None, argnum: int | None = None,
+                      out: bool = False):
         """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
 
         Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
@@ -209,16 +258,29 @@ class Op:
         >>> _ = dot.def_transpose(lambda p, ct: ct[..., None] * p[0], argnum=1)
         >>> jax.grad(dot, argnums=(0, 1))(np.array([1.0, 2.0]), np.array([3.0, 4.0]))
         (Array([3., 4.], dtype=float64), Array([1., 2.], dtype=float64))
+
+        ``out=True`` (host rules): called as ``transpose(cotangent, out=out, **kw)``,
+        ``out`` as for ``def_vjp(out=True)``: one entry per positional argument of
+        writable views of XLA's buffers (``None`` where not needed); the rule
+        writes every element and returns None.
+
+        >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
+        >>> double = ab.bind(lambda x: 2 * x, shape=ab.like(0), linear=True, name="double")
+        >>> @double.def_transpose(out=True)
+        ... def _(ct, *, out):
+        ...     np.multiply(ct, 2, out=out[0])
+        >>> jax.linear_transpose(double, jnp.ones(2))(jnp.ones(2))[0]
+        Array([2., 2.], dtype=float32)
         """
         if self.multilinear:
             if not (isinstance(argnum, int) and argnum >= 0):
                 raise TypeError(f"anybind op '{self.name}' is multilinear: def_transpose needs "
                                 f"argnum=i, the positional argument it transposes in; got "
                                 f"argnum={argnum!r}")
-            if symbolic_zeros or input_shapes:
+            if symbolic_zeros or input_shapes or out:
                 raise TypeError(f"anybind op '{self.name}': a multilinear op's transpose "
-                                f"rules take neither symbolic_zeros nor input_shapes (they "
-                                f"get every argument's value)")
+                                f"rules take neither symbolic_zeros, input_shapes nor out=True "
+                                f"(they get every argument's value and return a cotangent)")
             return self._set("transpose", rule, traced, vmap=vmap, argnum=argnum)
         if argnum is not None:
             raise TypeError(f"anybind op '{self.name}': def_transpose(argnum=...) is for ops "
@@ -226,7 +288,8 @@ class Op:
         if not self.linear:
             raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
                             f"with linear=True (or multilinear=True, with argnum=)")
-        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes, vmap)
+        return self._set("transpose", rule, traced, symbolic_zeros, input_shapes, vmap,
+                         out=out)
 
     def def_fwd(self, rule: Callable | None = None, *, residuals, vmap: RuleVmap = None):
         """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.
@@ -241,14 +304,18 @@ class Op:
         self.residuals = residuals
         return self._set("fwd", rule, False, vmap=vmap)
 
-    def def_bwd(self, rule: Callable | None = None, *, vmap: RuleVmap = None):
+    def def_bwd(self, rule: Callable | None = None, *, vmap: RuleVmap = None,
+                out: bool = False):
         """Set the backward pass ``bwd(residuals, cotangent, **kw) -> tuple``: ∂f(x)ᵀ·ȳ.
 
         One cotangent per positional argument (``None`` for zero), computed from
         the residuals saved by the fwd rule. It replaces the vjp rule in reverse
         mode; forward mode still uses the jvp rule. Usable as a decorator.
+
+        ``out=True``: called as ``bwd(residuals, cotangent, out=out, **kw)``, ``out``
+        as for ``def_vjp(out=True)``; the rule writes every element and returns None.
         """
-        return self._set("bwd", rule, False, vmap=vmap)
+        return self._set("bwd", rule, False, vmap=vmap, out=out)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.

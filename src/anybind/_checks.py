@@ -123,6 +123,54 @@ def _call_host(ctx, declared):
     return outs[0]
 
 
+def inplace_rules(ctx) -> None:
+    """In-place rules (``out=True``) write every element: each runs on NumPy inputs twice,
+    into outputs prefilled with 0 and with 1, and must overwrite both."""
+    from . import _roles
+    op = ctx.op
+    kinds = [k for k in ("jvp", "vjp", "transpose", "bwd")
+             if getattr(getattr(op, f"{k}_rule", None), "out", False)]
+    if not kinds:
+        return
+    ctx.current = ("in-place rules", "tracing the op")
+    prim = op._family["primal"]
+    call = next(e.params["call"] for e in jax.make_jaxpr(ctx.apply)(ctx.xs, ctx.ks).eqns
+                if e.primitive is prim)
+    xs = [np.asarray(x) for x in ctx.xs]
+    ks = [np.asarray(k) for k in ctx.ks]
+    ts = [np.asarray(ctx.tangent(x)) for x, f in zip(ctx.xs, call.float_in) if f]
+    cts = [np.asarray(ctx.cotangent(a)) for a, f in zip(call.out_avals, call.float_out) if f]
+    rs = []
+    if call.res_tree is not None:
+        ctx.current = ("in-place rules", "the fwd rule's residuals")
+        rs = _roles.make_run("fwd", call, op.fwd_rule, None, None, np, ())(*xs, *ks)
+        rs = [np.asarray(r, a.dtype) for r, a in zip(rs[len(call.out_avals):], call.res_avals)]
+    for kind in kinds:
+        if kind == "bwd" and call.res_tree is None or kind == "vjp" and call.res_tree is not None:
+            continue  # not the rule reverse mode runs (the vjp and the bwd rule are exclusive)
+        role = "vjp" if kind == "bwd" else kind
+        lin, need = (call.float_in, None) if role == "jvp" else (call.float_out, call.float_in)
+        ins = {"jvp": [*xs, *ks, *rs, *ts], "vjp": [*xs, *ks, *rs, *cts],
+               "transpose": [*ks, *cts]}[role]
+        avals = _roles.out_avals(role, call, lin, need)
+        names = _roles.out_names(role, call, need)
+        run = _roles.make_run(role, call, _roles.rule_of(role, call), lin, need, np, ())
+        where = f"{kind} rule"
+        ctx.current = ("in-place rules", where)
+        outs = []
+        for fill in (0, 1):
+            outs.append([np.full(a.shape, fill, a.dtype) for a in avals])
+            run(ins, outs[-1])
+        for name, a, b in zip(names, *outs):
+            unwritten = (a == 0) & (b == 1)
+            if np.any(unwritten):
+                ctx.fail("in-place rules", f"{where} → {name}",
+                         f"the {kind} rule (out=True) left {int(np.sum(unwritten))} of {a.size} "
+                         f"elements unwritten; it must write every element (zeros for a zero "
+                         f"{'tangent' if role == 'jvp' else 'cotangent'})")
+        ctx.ok("in-place rules", f"{where}: every element written")
+
+
 def eager(ctx) -> None:
     """op(x) through the host call vs the function called directly."""
     ctx.current = ("eager", "outputs")
@@ -499,8 +547,9 @@ def hessian(ctx) -> None:
                     "disagree: the jvp and vjp rules' derivatives differ.")
 
 
-CHECKS: list = [("spec", spec), ("eager", eager), ("shard", shard), ("linearity", linearity),
-                ("jvp", jvp), ("symmetry", symmetry),
+CHECKS: list = [("spec", spec), ("in-place rules", inplace_rules), ("eager", eager),
+                ("shard", shard), ("linearity", linearity), ("jvp", jvp),
+                ("symmetry", symmetry),
                 ("transpose", transpose), ("vjp", vjp), ("vmap", vmap),
                 ("vmap of derivatives", vmap_derivatives), ("jit", jit),
                 ("2nd-order jvp", second_order),

@@ -141,7 +141,7 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
                 call, name,
                 lambda lead: make_run(role, call, rule, lin, need, np, lead),
                 out_avals(role, call, lin, need), names, batch, mode,
-                inplace=role == "primal" and op.inplace and not by_vmap_rule)
+                inplace=rule.out)
         if per_shard:
             return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
                                     need=need, role_name=name, runner_for=runner_for,

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import jaxpr_as_fun
 
-from . import _impls
+from . import _impls, _inplace
 from ._spec import Call, Rule
 
 
@@ -125,7 +125,7 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
     if role == "transpose" and op.multilinear:
         return _multilinear_rule(call, need)
     if role == "primal":
-        return Rule(op.fn, op.traced)
+        return Rule(op.fn, op.traced, out=op.inplace)
     if role == "fwd":
         return op.fwd_rule
     if role == "jvp":
@@ -153,7 +153,9 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
         if run is not None:
             return run
     if role == "primal":
-        return _impls.primal(call, rule.fn, xp, lead, inplace=call.op.inplace and not rule.traced)
+        return _impls.primal(call, rule.fn, xp, lead, inplace=rule.out)
+    if rule.out:  # a host rule that writes into XLA's buffers: run(ins, outs) -> None
+        return _inplace.make_run(role, call, rule, lin, need, lead)
     if role == "fwd":
         return _impls.fwd(call, rule.fn, xp, lead)
     if role == "jvp" and derives_jvp(call):

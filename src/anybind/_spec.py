@@ -26,12 +26,16 @@ class Rule:
     ``vmap`` says how a host rule batches: ``"sequential"``, ``"vectorized"``,
     a host function with the rule's signature written for batched arrays, or
     None for the op's mode (see ``_batching.host_mode``).
+
+    ``out``: host code that writes its results into XLA's buffers (``out=``)
+    and returns None, instead of returning them.
     """
     fn: Callable[..., Any]
     traced: bool
     symbolic_zeros: bool = False
     input_shapes: bool = False
     vmap: Any = None
+    out: bool = False
 
     @property
     def kind(self) -> str:
