@@ -317,7 +317,8 @@ class Op:
         """
         return self._set("bwd", rule, False, vmap=vmap, out=out)
 
-    def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
+    def def_vmap(self, rule: Callable | None = None, *, traced: bool = False,
+                 out: bool = False):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
 
         Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
@@ -326,10 +327,15 @@ class Op:
         Unless the op was bound with ``vmap="sequential"`` or ``"vectorized"``,
         its host rules then batch in vectorized mode (see ``def_jvp``'s ``vmap``).
         Usable as a decorator.
+
+        ``out=True`` (host rules): called as ``rule(axis_size, in_batched, *args,
+        out=out, **kw)``, ``out`` a pytree like the output of writable views of
+        XLA's buffers, each with the batch axis (length ``axis_size``) at 0; the
+        rule writes every element and returns None (every output is batched).
         """
         if not self._vmap_declared:
             self.vmap = "vectorized"
-        return self._set("vmap", rule, traced)
+        return self._set("vmap", rule, traced, out=out)
 
     # ---------------------------------------------------------------- calls
 

@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 import numpy as np
 import jax.ffi
 
-from . import _impls
-from ._spec import Batch, Call
+from . import _impls, _inplace
+from ._spec import Batch, Call, Rule
 
 _TARGETS = {"cpu": "xla_buffer_python_cpu_callback"}
 _ARRAYS = (np.ndarray, np.generic)  # NumPy returns scalars from operations on 0-d arrays
@@ -91,7 +91,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                      inplace: bool = False) -> Callable:
     """Returns ``runner(inputs, outputs)`` that fills the output arrays in place."""
     if inplace:  # the user's function writes into XLA's output buffers itself
-        return _inplace_runner(make_run, batch, mode)
+        return _inplace_runner(call, make_run, batch, mode)
     def what(j, b=None):
         row = "" if b is None else f" at batch index {b}"
         return f"the {role_name}'s {out_names[j]}{row}"
@@ -165,9 +165,11 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
     return runner
 
 
-def _inplace_runner(make_run: Callable, batch: Batch | None, mode) -> Callable:
+def _inplace_runner(call: Call, make_run: Callable, batch: Batch | None, mode) -> Callable:
     if batch is None:
         return make_run(())
+    if isinstance(mode, Rule):  # an in-place vmap rule: one call for the whole batch
+        return _inplace.vmap_rule(call, mode.fn, batch)
     if mode == "vectorized":
         return make_run((1,))
     run, mask = make_run(()), batch.mask

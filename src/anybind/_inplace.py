@@ -4,19 +4,21 @@ A rule registered with ``out=True`` gets one more keyword, ``out``: writable
 NumPy views of the buffers XLA allocated for the role's results. It writes
 every element of every array in ``out`` and returns None; nothing is copied.
 
-=========  ========================================  =========================================
-rule       called as                                 ``out`` holds
-=========  ========================================  =========================================
-jvp        ``jvp(primals, tangents, out=out, **kw)``  a pytree like the output: the tangent of
-                                                     each floating leaf (∂f(x)·ẋ), None at
-                                                     integer leaves
-vjp        ``vjp(primals, ct, out=out, **kw)``        a tuple, one entry per positional
-bwd        ``bwd(residuals, ct, out=out, **kw)``      argument: a pytree like it of the
-transpose  ``transpose(ct, out=out, **kw)``           cotangents asked for (∂f(x)ᵀ·ȳ, Aᵀ·ȳ),
-                                                     None at leaves not asked for (integer
-                                                     leaves, arguments not differentiated),
-                                                     and None for an argument with none
-=========  ========================================  =========================================
+=========  ======================================  ==========================================
+rule       called as                               ``out`` holds
+=========  ======================================  ==========================================
+jvp        jvp(primals, tangents, out=out, **kw)   a pytree like the output: the tangent of
+                                                   each floating leaf (∂f(x)·ẋ), None at
+                                                   integer leaves
+vjp        vjp(primals, ct, out=out, **kw)         a tuple, one entry per positional
+bwd        bwd(residuals, ct, out=out, **kw)       argument: a pytree like it of the
+transpose  transpose(ct, out=out, **kw)            cotangents asked for (∂f(x)ᵀ·ȳ, Aᵀ·ȳ),
+                                                   None at leaves not asked for (integer
+                                                   leaves, arguments not differentiated),
+                                                   and None for an argument with none
+vmap       rule(size, in_batched, *args, out=out)  a pytree like the output, every leaf
+                                                   with the batch axis (length ``size``) at 0
+=========  ======================================  ==========================================
 
 A zero cotangent is written as zeros (``out[i][...] = 0``). Zero inputs arrive
 as in ``_impls`` (zero arrays, or None with ``symbolic_zeros=True``, which also
@@ -33,7 +35,7 @@ from typing import Callable
 import numpy as np
 
 from ._impls import ROLE_NAMES, _cotangent_maker, _filler, _needs, _simple
-from ._spec import Call
+from ._spec import Batch, Call, InBatched
 
 
 def _check_none(call: Call, role: str, res) -> None:
@@ -141,6 +143,20 @@ def transpose(call: Call, fn: Callable, lin, need, lead=(), symbolic: bool = Fal
         ks, cts = ins[:m], ins[m:]
         _check_none(call, "transpose", fn(cotangent(cts), out=out_of(outs), **call.kwargs(ks),
                                           **extra))
+    return run
+
+
+def vmap_rule(call: Call, fn: Callable, batch: Batch) -> Callable:
+    """rule(axis_size, in_batched, *args, out=f(x) for every row)."""
+    n, mask = call.n_in, batch.mask
+    in_batched = InBatched(call.args_tree.unflatten(mask[:n]))
+    in_batched.kwargs = call.kw_tree.unflatten(mask[n:])
+    out_of = (lambda outs: outs[0]) if call.leaf_out else call.out_tree.unflatten
+
+    def run(ins, outs) -> None:
+        args = [x if m else x[0] for x, m in zip(ins, mask)]
+        _check_none(call, "vmap", fn(batch.size, in_batched, *call.args(args[:n]),
+                                     out=out_of(outs), **call.kwargs(args[n:])))
     return run
 
 

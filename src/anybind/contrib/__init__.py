@@ -25,6 +25,14 @@ SUBMODULES = ("ducc0", "scipy")
 __all__ = ["SUBMODULES", "require"]
 
 
+def reshaped(a, shape: tuple):
+    """A view of the array ``a`` with another shape; raises rather than copy, so that
+    writes into it reach ``a`` (an output buffer an in-place function fills)."""
+    v = a.view()
+    v.shape = shape
+    return v
+
+
 def require(library: str, user: str) -> ModuleType:
     """Import the optional ``library`` for the contrib module ``user``, or explain.
 

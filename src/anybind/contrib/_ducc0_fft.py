@@ -15,10 +15,12 @@ the cotangent map of ẋ ↦ A·ẋ is ȳ ↦ Aᵀ·ȳ under the pairing ⟨a, b
 
 All take ``axes`` (a tuple; default all axes), ``forward``, ``inorm`` (0: none,
 1: 1/√N, 2: 1/N) and ``nthreads`` as static keywords; ``vmap`` runs one ducc0
-call on the whole batch (the batch axis is left out of ``axes``).
+call on the whole batch (the batch axis is left out of ``axes``). ducc0 writes
+every result straight into XLA's output buffer (``out=True`` and ducc0's ``out=``).
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -34,8 +36,10 @@ ducc0 = require("ducc0", "anybind.contrib.ducc0")
 __all__ = ["c2c", "r2c", "c2r", "hartley"]
 
 
+@functools.lru_cache(maxsize=256)
 def _axes(name: str, ndim: int, axes) -> tuple:
-    """``axes`` as a tuple of distinct non-negative axes of an ``ndim``-array."""
+    """``axes`` as a tuple of distinct non-negative axes of an ``ndim``-array (cached:
+    it runs on every call)."""
     if axes is None:
         return tuple(range(ndim))
     axes = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
@@ -57,11 +61,10 @@ def _check_dtype(name: str, x, kind: str) -> None:
 
 
 def _vmap_fft(name: str, fn: Callable) -> Callable:
-    """vmap rule: one ducc0 call, the batch axis (0) left out of the transformed axes."""
-    def rule(size, in_batched, x, *, axes=None, **kw):
+    """In-place vmap rule: one ducc0 call, the batch axis (0) left out of the transformed axes."""
+    def rule(size, in_batched, x, *, out, axes=None, **kw):
         del size, in_batched
-        shifted = tuple(a + 1 for a in _axes(name, x.ndim - 1, axes))
-        return fn(x, axes=shifted, **kw), True
+        fn(x, out=out, axes=_shifted(name, x.ndim - 1, axes), **kw)
     return rule
 
 
@@ -74,6 +77,20 @@ def _shard_fft(name: str, last_changes: bool = False) -> Callable:
         outs = [f"o{i}" if last_changes and i == ax[-1] else a for i, a in enumerate(ins)]
         return f"{' '.join(ins)} -> {' '.join(outs)}", tuple(ins[i] for i in ax)
     return rule
+
+
+@functools.lru_cache(maxsize=256)
+def _shifted(name: str, ndim: int, axes) -> tuple:
+    return tuple(a + 1 for a in _axes(name, ndim, axes))
+
+
+def _bind_fft(fn: Callable, spec: Callable, name: str, examples: Callable,
+              last_changes: bool = False) -> ab.Op:
+    """A linear op whose function and vmap rule write into XLA's buffers."""
+    op = ab.bind(fn, shape=spec, linear=True, name=f"ducc0_{name}", examples=examples,
+                 out=True, shard=_shard_fft(name, last_changes))
+    op.def_vmap(_vmap_fft(name, fn), out=True)
+    return op
 
 
 def _complex(dtype) -> np.dtype:
@@ -97,10 +114,10 @@ def _hermitian_weights(n: int, m: int, dtype, ndim: int, axis: int):
 
 # ------------------------------------------------------------------------ c2c
 
-def _c2c_fn(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
-    """Host function of ``c2c``: y = F·x with F_jk = exp(∓2πi jk/N) / N^(inorm/2)."""
-    return ducc0.fft.c2c(x, axes=_axes("c2c", x.ndim, axes), forward=forward, inorm=inorm,
-                         nthreads=nthreads)
+def _c2c_fn(x, *, out, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+    """Host function of ``c2c``: out = F·x with F_jk = exp(∓2πi jk/N) / N^(inorm/2)."""
+    ducc0.fft.c2c(x, out=out, axes=_axes("c2c", x.ndim, axes), forward=forward, inorm=inorm,
+                  nthreads=nthreads)
 
 
 def _c2c_spec(x, *, axes=None, **_):
@@ -114,8 +131,7 @@ def _example_c2c():
     return (r.normal(size=(4, 6)) + 1j * r.normal(size=(4, 6)),), {"axes": (0, 1), "inorm": 1}
 
 
-c2c = ab.bind(_c2c_fn, shape=_c2c_spec, linear=True, vmap=_vmap_fft("c2c", _c2c_fn),
-              name="ducc0_c2c", examples=_example_c2c, shard=_shard_fft("c2c"))
+c2c = _bind_fft(_c2c_fn, _c2c_spec, "c2c", _example_c2c)
 
 
 @c2c.def_transpose(traced=True)
@@ -139,10 +155,10 @@ True
 # ----------------------------------------------------------------- r2c, c2r
 
 
-def _r2c_fn(x, *, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
+def _r2c_fn(x, *, out, axes=None, forward: bool = True, inorm: int = 0, nthreads: int = 1):
     """Host function of ``r2c``: the first n//2+1 rows of F·x on the last transformed axis."""
-    return ducc0.fft.r2c(x, axes=_axes("r2c", x.ndim, axes), forward=forward, inorm=inorm,
-                         nthreads=nthreads)
+    ducc0.fft.r2c(x, out=out, axes=_axes("r2c", x.ndim, axes), forward=forward, inorm=inorm,
+                  nthreads=nthreads)
 
 
 def _r2c_spec(x, *, axes=None, **_):
@@ -153,13 +169,13 @@ def _r2c_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(tuple(shape), _complex(x.dtype))
 
 
-def _c2r_fn(x, *, lastsize: int | None = None, axes=None, forward: bool = True, inorm: int = 0,
-            nthreads: int = 1):
+def _c2r_fn(x, *, out, lastsize: int | None = None, axes=None, forward: bool = True,
+            inorm: int = 0, nthreads: int = 1):
     """Host function of ``c2r``."""
     ax = _axes("c2r", x.ndim, axes)
     n = 2 * (x.shape[ax[-1]] - 1) if lastsize is None else lastsize
-    return ducc0.fft.c2r(x, axes=ax, lastsize=n, forward=forward, inorm=inorm,
-                         nthreads=nthreads)
+    ducc0.fft.c2r(x, out=out, axes=ax, lastsize=n, forward=forward, inorm=inorm,
+                  nthreads=nthreads)
 
 
 def _c2r_spec(x, *, lastsize: int | None = None, axes=None, **_):
@@ -175,13 +191,12 @@ def _c2r_spec(x, *, lastsize: int | None = None, axes=None, **_):
     return jax.ShapeDtypeStruct(tuple(shape), _real(x.dtype))
 
 
-r2c = ab.bind(_r2c_fn, shape=_r2c_spec, linear=True, vmap=_vmap_fft("r2c", _r2c_fn),
-              name="ducc0_r2c", shard=_shard_fft("r2c", last_changes=True),
-              examples=lambda: ((np.random.default_rng(0).normal(size=(4, 5)),),
-                                {"axes": (0, 1)}))
-c2r = ab.bind(_c2r_fn, shape=_c2r_spec, linear=True, vmap=_vmap_fft("c2r", _c2r_fn),
-              name="ducc0_c2r", shard=_shard_fft("c2r", last_changes=True),
-              examples=lambda: ((_example_c2c()[0][0][:3, :4],), {"axes": (0, 1), "lastsize": 7}))
+r2c = _bind_fft(_r2c_fn, _r2c_spec, "r2c",
+                lambda: ((np.random.default_rng(0).normal(size=(4, 5)),), {"axes": (0, 1)}),
+                last_changes=True)
+c2r = _bind_fft(_c2r_fn, _c2r_spec, "c2r",
+                lambda: ((_example_c2c()[0][0][:3, :4],), {"axes": (0, 1), "lastsize": 7}),
+                last_changes=True)
 
 
 @r2c.def_transpose(traced=True, input_shapes=True)
@@ -235,10 +250,10 @@ True
 # -------------------------------------------------------------------- Hartley
 
 
-def _hartley_fn(x, *, axes=None, inorm: int = 0, nthreads: int = 1):
+def _hartley_fn(x, *, out, axes=None, inorm: int = 0, nthreads: int = 1):
     """Host function of ``hartley``: Re(F·x) − Im(F·x), F the forward DFT over ``axes``."""
-    return ducc0.fft.genuine_fht(x, axes=_axes("hartley", x.ndim, axes), inorm=inorm,
-                                 nthreads=nthreads)
+    ducc0.fft.genuine_fht(x, out=out, axes=_axes("hartley", x.ndim, axes), inorm=inorm,
+                          nthreads=nthreads)
 
 
 def _hartley_spec(x, *, axes=None, **_):
@@ -247,11 +262,8 @@ def _hartley_spec(x, *, axes=None, **_):
     return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
-hartley = ab.bind(_hartley_fn, shape=_hartley_spec, linear=True,
-                  vmap=_vmap_fft("hartley", _hartley_fn), name="ducc0_hartley",
-                  shard=_shard_fft("hartley"),
-                  examples=lambda: ((np.random.default_rng(0).normal(size=(4, 6)),),
-                                    {"axes": (0, 1)}))
+hartley = _bind_fft(_hartley_fn, _hartley_spec, "hartley",
+                    lambda: ((np.random.default_rng(0).normal(size=(4, 6)),), {"axes": (0, 1)}))
 
 
 @hartley.def_transpose(traced=True)

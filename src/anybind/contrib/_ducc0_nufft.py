@@ -22,7 +22,8 @@ the transpose of nu2u in its values is u2nu with the same sign and vice versa:
 The rules are JAX code calling the two ops, so derivatives of every order
 follow. Leading axes of the values share the points and go to ducc0 in one
 call (``ntrans``); the D+1 transforms of a derivative are one call too, and so
-is ``vmap`` when the points are not batched.
+is ``vmap`` when the points are not batched. ducc0 writes every result straight
+into XLA's buffer (``out=True``, ducc0's ``out=``).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import numpy as np
 
 import anybind as ab
 
-from . import require
+from . import require, reshaped
 
 ducc0 = require("ducc0", "anybind.contrib.ducc0")
 
@@ -102,33 +103,32 @@ def _options(dtype, kw: dict) -> dict:
     return dict(kw, forward=kw.get("forward", True), epsilon=_eps(dtype, kw.get("epsilon")))
 
 
-def _nu2u_fn(values, coord, *, n_modes: tuple, **kw):
-    """Type 1: values (..., M) at coord (M, D) ↦ grid (..., *n_modes)."""
-    lead = values.shape[:-1]
+def _nu2u_fn(values, coord, *, out, n_modes: tuple, **kw) -> None:
+    """Type 1: values (..., M) at coord (M, D) ↦ grid (..., *n_modes), into out."""
     pts = values.reshape((-1, values.shape[-1]))
-    out = np.empty((pts.shape[0],) + tuple(n_modes), dtype=values.dtype)
-    ducc0.nufft.nu2u(points=pts, coord=coord, out=out, **_options(values.dtype, kw))
-    return out.reshape(lead + tuple(n_modes))
+    ducc0.nufft.nu2u(points=pts, coord=coord, out=reshaped(out, (-1,) + tuple(n_modes)),
+                     **_options(values.dtype, kw))
 
 
-def _u2nu_fn(grid, coord, **kw):
-    """Type 2: grid (..., *n_modes) ↦ values (..., M) at coord (M, D)."""
+def _u2nu_fn(grid, coord, *, out, **kw) -> None:
+    """Type 2: grid (..., *n_modes) ↦ values (..., M) at coord (M, D), into out."""
     nd = coord.shape[1]
-    lead = grid.shape[:grid.ndim - nd]
     g = grid.reshape((-1,) + grid.shape[grid.ndim - nd:])
-    out = ducc0.nufft.u2nu(grid=g, coord=coord, **_options(grid.dtype, kw))
-    return out.reshape(lead + (coord.shape[0],))
+    ducc0.nufft.u2nu(grid=g, coord=coord, out=reshaped(out, (-1, coord.shape[0])),
+                     **_options(grid.dtype, kw))
 
 
 def _vmap_points(fn):
-    """vmap rule: shared points → one call, the batch a leading values axis; else a loop."""
-    def rule(size, in_batched, data, coord, **kw):
+    """In-place vmap rule: shared points → one call, the batch a leading values axis;
+    else a loop over the rows."""
+    def rule(size, in_batched, data, coord, *, out, **kw) -> None:
         if not in_batched[1]:
             if not in_batched[0]:
                 data = np.broadcast_to(data, (size,) + data.shape)
-            return fn(data, coord, **kw), True
-        return np.stack([fn(data[b] if in_batched[0] else data, coord[b], **kw)
-                         for b in range(size)]), True
+            fn(data, coord, out=out, **kw)
+            return
+        for b in range(size):
+            fn(data[b] if in_batched[0] else data, coord[b], out=out[b], **kw)
     return rule
 
 
@@ -171,12 +171,12 @@ def _u2nu_shard(grid, coord, **_):
     return f"... {grid_axes}, p d -> ... p"
 
 
-nu2u = ab.bind(_nu2u_fn, shape=_nu2u_spec, linear=(0,), vmap=_vmap_points(_nu2u_fn),
-               shard=_nu2u_shard,
+nu2u = ab.bind(_nu2u_fn, shape=_nu2u_spec, linear=(0,), out=True, shard=_nu2u_shard,
                name="ducc0_nu2u", examples=lambda: _example("nu2u"))
-u2nu = ab.bind(_u2nu_fn, shape=_u2nu_spec, linear=(0,), vmap=_vmap_points(_u2nu_fn),
-               shard=_u2nu_shard,
+u2nu = ab.bind(_u2nu_fn, shape=_u2nu_spec, linear=(0,), out=True, shard=_u2nu_shard,
                name="ducc0_u2nu", examples=lambda: _example("u2nu"))
+nu2u.def_vmap(_vmap_points(_nu2u_fn), out=True)
+u2nu.def_vmap(_vmap_points(_u2nu_fn), out=True)
 
 
 # ----------------------------------------------------------------------- rules

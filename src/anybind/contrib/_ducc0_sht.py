@@ -12,7 +12,10 @@ whose transpose is exactly ducc0's adjoint_synthesis repacked the same way:
 synthesis and adjoint synthesis are each other's transpose, and both are linear,
 so anybind gives derivatives of every order. Leading axes of ``alm`` or ``map``
 are transformed together in one ducc0 call (``ntrans``), which also makes
-``vmap`` one call.
+``vmap`` one call. ducc0 writes the maps straight into XLA's buffer
+(``out=True``, ducc0's ``map=``); the a_lm are (un)packed by two vectorised
+passes over a complex view of the packed vector (m > 0 is already laid out
+as (Re, Im) pairs).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import numpy as np
 
 import anybind as ab
 
-from . import require
+from . import require, reshaped
 
 ducc0 = require("ducc0", "anybind.contrib.ducc0")
 
@@ -52,6 +55,26 @@ def n_real_alm(lmax: int, mmax: int | None = None) -> int:
     return 2 * nalm(lmax, mmax) - (lmax + 1)
 
 
+_SQRT2 = float(np.sqrt(2.0))
+
+
+def _as_complex(a: np.ndarray) -> np.ndarray:
+    """The (Re, Im) pairs along the last axis of a real array as one complex view."""
+    return a.view(np.result_type(a.dtype, np.complex64))
+
+
+def _pack_into(alm: np.ndarray, lmax: int, out: np.ndarray) -> None:
+    """out = alm2realalm(alm) in two passes: m = 0, then the (Re, Im) pairs of m > 0."""
+    np.copyto(out[..., :lmax + 1], alm[..., :lmax + 1].real)
+    np.multiply(alm[..., lmax + 1:], _SQRT2, out=_as_complex(out[..., lmax + 1:]))
+
+
+def _unpack_into(ralm: np.ndarray, lmax: int, out: np.ndarray) -> None:
+    """out = realalm2alm(ralm) in two passes; ``ralm`` contiguous along its last axis."""
+    np.copyto(out[..., :lmax + 1], ralm[..., :lmax + 1])
+    np.multiply(_as_complex(ralm[..., lmax + 1:]), 1 / _SQRT2, out=out[..., lmax + 1:])
+
+
 def alm2realalm(alm: np.ndarray, lmax: int) -> np.ndarray:
     """Pack complex a_lm (last axis) into real ones: Re a_l0, then √2·(Re, Im) for m > 0.
 
@@ -63,10 +86,7 @@ def alm2realalm(alm: np.ndarray, lmax: int) -> np.ndarray:
     alm = np.asarray(alm)
     real = np.finfo(alm.dtype).dtype
     out = np.empty(alm.shape[:-1] + (2 * alm.shape[-1] - lmax - 1,), dtype=real)
-    out[..., :lmax + 1] = alm[..., :lmax + 1].real
-    rest = alm[..., lmax + 1:]
-    out[..., lmax + 1::2] = np.sqrt(2.0) * rest.real
-    out[..., lmax + 2::2] = np.sqrt(2.0) * rest.imag
+    _pack_into(alm, lmax, out)
     return out
 
 
@@ -78,11 +98,10 @@ def realalm2alm(ralm: np.ndarray, lmax: int) -> np.ndarray:
     >>> realalm2alm(alm2realalm(np.array([1.0, 2.0, 3.0 + 4.0j]), 1), 1).tolist()
     [(1+0j), (2+0j), (3+4j)]
     """
-    ralm = np.asarray(ralm)
+    ralm = np.ascontiguousarray(ralm)
     n = (ralm.shape[-1] + lmax + 1) // 2
     out = np.empty(ralm.shape[:-1] + (n,), dtype=np.result_type(ralm.dtype, np.complex64))
-    out[..., :lmax + 1] = ralm[..., :lmax + 1]
-    out[..., lmax + 1:] = (ralm[..., lmax + 1::2] + 1j * ralm[..., lmax + 2::2]) / np.sqrt(2.0)
+    _unpack_into(ralm, lmax, out)
     return out
 
 
@@ -109,26 +128,25 @@ def _check(name: str, x, last: int, what: str, nside: int, lmax: int, mmax, spin
     return ncomp
 
 
-def _synthesis(alm, *, nside: int, lmax: int, mmax: int | None = None, spin: int = 0,
-               nthreads: int = 1):
-    """Packed real a_lm (..., ncomp, n_real_alm) ↦ HEALPix maps (..., ncomp, 12·nside²)."""
-    lead = alm.shape[:-2]
-    a = realalm2alm(alm.reshape((-1,) + alm.shape[-2:]), lmax)
-    out = ducc0.sht.experimental.synthesis(
-        alm=a, lmax=lmax, mmax=lmax if mmax is None else mmax, spin=spin, nthreads=nthreads,
-        **_geometry(nside))
-    return out.reshape(lead + out.shape[-2:])
+def _synthesis(alm, *, out, nside: int, lmax: int, mmax: int | None = None, spin: int = 0,
+               nthreads: int = 1) -> None:
+    """Packed real a_lm (..., ncomp, n_real_alm) ↦ maps (..., ncomp, 12·nside²), into out."""
+    alm = np.ascontiguousarray(alm.reshape((-1,) + alm.shape[-2:]))
+    a = np.empty(alm.shape[:-1] + ((alm.shape[-1] + lmax + 1) // 2,),
+                 np.result_type(alm.dtype, np.complex64))
+    _unpack_into(alm, lmax, a)
+    ducc0.sht.experimental.synthesis(
+        alm=a, map=reshaped(out, (-1,) + out.shape[-2:]), lmax=lmax,
+        mmax=lmax if mmax is None else mmax, spin=spin, nthreads=nthreads, **_geometry(nside))
 
 
-def _adjoint_synthesis(map, *, nside: int, lmax: int, mmax: int | None = None, spin: int = 0,
-                       nthreads: int = 1):
-    """HEALPix maps (..., ncomp, 12·nside²) ↦ packed real a_lm (..., ncomp, n_real_alm)."""
-    lead = map.shape[:-2]
+def _adjoint_synthesis(map, *, out, nside: int, lmax: int, mmax: int | None = None,
+                       spin: int = 0, nthreads: int = 1) -> None:
+    """Maps (..., ncomp, 12·nside²) ↦ packed real a_lm (..., ncomp, n_real_alm), into out."""
     alm = ducc0.sht.experimental.adjoint_synthesis(
         map=map.reshape((-1,) + map.shape[-2:]), lmax=lmax,
         mmax=lmax if mmax is None else mmax, spin=spin, nthreads=nthreads, **_geometry(nside))
-    out = alm2realalm(alm, lmax)
-    return out.reshape(lead + out.shape[-2:])
+    _pack_into(alm, lmax, reshaped(out, (-1,) + out.shape[-2:]))
 
 
 def _synthesis_spec(alm, *, nside: int, lmax: int, mmax=None, spin: int = 0, **_):
@@ -154,24 +172,26 @@ def _example_map():
             {"nside": 2, "lmax": 4, "mmax": 3, "spin": 2})
 
 
-def _synthesis_transpose(ct, **kw):
+def _synthesis_transpose(ct, *, out, **kw) -> None:
     """transpose of synthesis Y: ȳ ↦ Yᵀ·ȳ = pack(adjoint_synthesis(ȳ)) (real packing)."""
-    return (_adjoint_synthesis(ct, **kw),)
+    _adjoint_synthesis(ct, out=out[0], **kw)
 
 
-def _adjoint_transpose(ct, **kw):
+def _adjoint_transpose(ct, *, out, **kw) -> None:
     """transpose of the adjoint Yᵀ: ā ↦ Y·ā = synthesis(unpack(ā))."""
-    return (_synthesis(ct, **kw),)
+    _synthesis(ct, out=out[0], **kw)
 
 
 healpix_synthesis = ab.bind(
-    _synthesis, shape=_synthesis_spec, linear=True, vmap="vectorized",
+    _synthesis, shape=_synthesis_spec, linear=True, vmap="vectorized", out=True,
     shard="... c a -> ... c q", replicated=("c",),  # leading axes split; E/B mix into Q/U
-    name="ducc0_healpix_synthesis", examples=_example_alm, transpose=_synthesis_transpose)
+    name="ducc0_healpix_synthesis", examples=_example_alm)
+healpix_synthesis.def_transpose(_synthesis_transpose, out=True)
 healpix_adjoint_synthesis = ab.bind(
-    _adjoint_synthesis, shape=_adjoint_spec, linear=True, vmap="vectorized",
+    _adjoint_synthesis, shape=_adjoint_spec, linear=True, vmap="vectorized", out=True,
     shard="... c q -> ... c a", replicated=("c",),
-    name="ducc0_healpix_adjoint_synthesis", examples=_example_map, transpose=_adjoint_transpose)
+    name="ducc0_healpix_adjoint_synthesis", examples=_example_map)
+healpix_adjoint_synthesis.def_transpose(_adjoint_transpose, out=True)
 
 healpix_synthesis.__doc__ = """Spherical harmonic synthesis on a HEALPix grid (RING order), linear.
 

@@ -10,7 +10,9 @@ Re Σ a·b without conjugation, so the transposes are
 and, both being linear, derivatives of every order follow. ``uvw`` (nrow, 3)
 and ``freq`` (nchan,) are non-differentiable array keywords (as are the
 optional ``wgt`` and ``mask``); everything else is static and passed to ducc0.
-ducc0 cannot batch images, so ``vmap`` loops in one host call.
+ducc0 cannot batch images, so ``vmap`` loops in one host call. ducc0 writes
+every result straight into XLA's buffers (``out=True``, ducc0's ``vis=`` and
+``dirty=``), the transposes' too.
 """
 from __future__ import annotations
 
@@ -43,17 +45,17 @@ def _options(name: str, dtype, kw: dict) -> dict:
     return kw
 
 
-def _dirty2vis_fn(dirty, **kw):
-    """Host function: image (npix_x, npix_y) ↦ visibilities (nrow, nchan)."""
-    return ducc0.wgridder.experimental.dirty2vis(
-        dirty=dirty, **_options("dirty2vis", dirty.dtype, kw))
+def _dirty2vis_fn(dirty, *, out, **kw) -> None:
+    """Host function: image (npix_x, npix_y) ↦ visibilities (nrow, nchan), into out."""
+    ducc0.wgridder.experimental.dirty2vis(
+        dirty=dirty, vis=out, **_options("dirty2vis", dirty.dtype, kw))
 
 
-def _vis2dirty_fn(vis, *, npix_x: int, npix_y: int, **kw):
-    """Host function: visibilities (nrow, nchan) ↦ image (npix_x, npix_y)."""
+def _vis2dirty_fn(vis, *, out, npix_x: int, npix_y: int, **kw) -> None:
+    """Host function: visibilities (nrow, nchan) ↦ image (npix_x, npix_y), into out."""
     real = np.finfo(vis.dtype).dtype
-    return ducc0.wgridder.experimental.vis2dirty(
-        vis=vis, npix_x=npix_x, npix_y=npix_y, **_options("vis2dirty", real, kw))
+    ducc0.wgridder.experimental.vis2dirty(
+        vis=vis, dirty=out, npix_x=npix_x, npix_y=npix_y, **_options("vis2dirty", real, kw))
 
 
 def _check_uvw(name: str, kw: dict):
@@ -108,28 +110,30 @@ def _vis2dirty_shard(vis, **kw):
 
 
 dirty2vis = ab.bind(
-    _dirty2vis_fn, shape=_dirty2vis_spec, linear=True, name="ducc0_dirty2vis",
+    _dirty2vis_fn, shape=_dirty2vis_spec, linear=True, name="ducc0_dirty2vis", out=True,
     shard=_dirty2vis_shard,
     examples=lambda: ((np.random.default_rng(1).normal(size=(32, 32)),),
                       dict(_setup(), do_wgridding=True)))
 vis2dirty = ab.bind(
-    _vis2dirty_fn, shape=_vis2dirty_spec, linear=True, name="ducc0_vis2dirty",
+    _vis2dirty_fn, shape=_vis2dirty_spec, linear=True, name="ducc0_vis2dirty", out=True,
     shard=_vis2dirty_shard,
     examples=lambda: ((np.random.default_rng(1).normal(size=(6, 2)) + 1j,),
                       dict(_setup(), npix_x=32, npix_y=34)))
 
 
-@dirty2vis.def_transpose(input_shapes=True)
-def _dirty2vis_transpose(ct, *, input_shapes, **kw):
+@dirty2vis.def_transpose(input_shapes=True, out=True)
+def _dirty2vis_transpose(ct, *, out, input_shapes, **kw) -> None:
     """transpose: ȳ ↦ Re(Aᵀ·ȳ) = vis2dirty(conj ȳ); the image size comes from the input."""
     (dirty,) = input_shapes
-    return (_vis2dirty_fn(np.conj(ct), npix_x=dirty.shape[0], npix_y=dirty.shape[1], **kw),)
+    _vis2dirty_fn(np.conj(ct), out=out[0], npix_x=dirty.shape[0], npix_y=dirty.shape[1], **kw)
 
 
-@vis2dirty.def_transpose
-def _vis2dirty_transpose(ct, *, npix_x: int, npix_y: int, **kw):
+@vis2dirty.def_transpose(out=True)
+def _vis2dirty_transpose(ct, *, out, npix_x: int, npix_y: int, **kw) -> None:
     """transpose: ȳ ↦ conj(A·ȳ) = conj(dirty2vis(ȳ))."""
-    return (np.conj(_dirty2vis_fn(ct, **kw)),)
+    (vis,) = out
+    _dirty2vis_fn(ct, out=vis, **kw)
+    np.conjugate(vis, out=vis)
 
 
 dirty2vis.__doc__ = """Dirty image ↦ visibilities (ducc0.wgridder.experimental.dirty2vis), linear.
