@@ -32,6 +32,7 @@ except ImportError:  # the optional `bench` extra
 
 HAVE_INPLACE = "out" in inspect.signature(ab.bind).parameters
 HAVE_FWD_BWD = hasattr(ab.Op, "def_fwd") and hasattr(ab.Op, "def_bwd")
+HAVE_INPLACE_RULES = "out" in inspect.signature(ab.Op.def_vjp).parameters
 
 Cases = dict[str, tuple[Callable[..., Any], tuple]]
 
@@ -85,6 +86,30 @@ if HAVE_INPLACE:
                                 name="mul_inplace_nt")
 
 
+if HAVE_INPLACE_RULES:
+    def _mul_vjp_into(primals, ct, *, out):
+        """The raw buffer_callback VJP's NumPy, written into XLA's cotangent buffers."""
+        x1, x2 = primals
+        out[0][...] = x2**2 * ct
+        out[1][...] = 2 * x1 * x2 * ct
+
+    def _mul_vjp_into_no_temporaries(primals, ct, *, out):
+        x1, x2 = primals
+        b1, b2 = out
+        if b1 is not None:
+            np.multiply(x2, x2, out=b1)
+            b1 *= ct
+        if b2 is not None:
+            np.multiply(x1, x2, out=b2)
+            b2 *= ct
+            b2 *= 2
+
+    ab_mul_vjp_inplace = _anybind_mul("vectorized")
+    ab_mul_vjp_inplace.def_vjp(_mul_vjp_into, out=True)
+    ab_mul_vjp_inplace_nt = _anybind_mul("vectorized")
+    ab_mul_vjp_inplace_nt.def_vjp(_mul_vjp_into_no_temporaries, out=True)
+
+
 # jax.pure_callback, and a custom_vjp around it.
 def pc_mul(x1, x2):
     return jax.pure_callback(np_mul, sds(x1), x1, x2, vmap_method="expand_dims")
@@ -125,6 +150,16 @@ def _bc_vjp_host(ctx, out, x1, x2, ct):
     np.asarray(out[1])[...] = 2 * x1 * x2 * ct
 
 
+def _bc_vjp_host_no_temporaries(ctx, out, x1, x2, ct):
+    x1, x2, ct = np.asarray(x1), np.asarray(x2), np.asarray(ct)
+    b1, b2 = np.asarray(out[0]), np.asarray(out[1])
+    np.multiply(x2, x2, out=b1)
+    b1 *= ct
+    np.multiply(x1, x2, out=b2)
+    b2 *= ct
+    b2 *= 2
+
+
 def bc_mul(x1, x2, vmap_method="broadcast_all"):
     return buffer_callback(_bc_mul_host, sds(x1), vmap_method=vmap_method)(x1, x2)
 
@@ -153,6 +188,15 @@ def _bc_bwd(res, ct):
 
 
 bc_mul_vjp.defvjp(_bc_fwd, _bc_bwd)
+
+
+@jax.custom_vjp
+def bc_mul_vjp_nt(x1, x2):
+    return bc_mul(x1, x2)
+
+
+bc_mul_vjp_nt.defvjp(_bc_fwd, lambda res, ct: buffer_callback(
+    _bc_vjp_host_no_temporaries, (sds(res[0]), sds(res[1])))(*res, ct))
 
 
 # JAXbind: (out, args, kwargs_dump) functions, hand-written abstract evaluation.
@@ -218,6 +262,8 @@ def grad_routes() -> dict[str, Callable]:
     r["anybind"] = ab_mul
     if HAVE_INPLACE:
         r["anybind out=True"] = ab_mul_inplace
+    if HAVE_INPLACE_RULES:
+        r["anybind def_vjp(out=True)"] = ab_mul_vjp_inplace
     return r
 
 

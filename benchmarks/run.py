@@ -51,6 +51,7 @@ jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
 
+import contrib_routes  # noqa: E402
 import routes  # noqa: E402
 import ffi_routes  # noqa: E402
 
@@ -146,8 +147,11 @@ MEM_GRAD = {
     "native jnp": "native_mul",
     "custom_vjp+pure_callback": "pc_mul_vjp",
     "custom_vjp+buffer_callback": "bc_mul_vjp",
+    "custom_vjp+buffer_callback, np.multiply(out=)": "bc_mul_vjp_nt",
     "JAXbind": "jb_mul",
     "anybind": "ab_mul",
+    "anybind def_vjp(out=True)": "ab_mul_vjp_inplace",
+    "anybind def_vjp(out=True), np.multiply(out=)": "ab_mul_vjp_inplace_nt",
 }
 
 
@@ -219,6 +223,7 @@ def machine() -> dict[str, Any]:
             "jaxlib": jaxlib.__version__, "numpy": np.__version__, "scipy": scipy.__version__,
             "anybind": getattr(anybind, "__version__", "?"),
             "jaxbind": getattr(routes.jaxbind, "__version__", None) if routes.jaxbind else None,
+            "ducc0": getattr(contrib_routes.ducc0, "__version__", None),
             "jax_backend": jax.default_backend(),
             "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
             "cpu_async_dispatch": jax.config.values["jax_cpu_enable_async_dispatch"]}
@@ -296,6 +301,35 @@ def single_table(title: str, res: dict[str, dict], raw: str | None, note: str = 
     return "\n".join([f"### {title}", ""] + ([note, ""] if note else []) + [_md(hdr, rows)])
 
 
+def contrib(repeats: int, sample_s: float) -> dict[str, dict]:
+    """Each contrib case, forward and jit(grad), anybind and JAXbind round-robin."""
+    out: dict[str, dict] = {}
+    for label, build in contrib_routes.cases().items():
+        out[label] = {kind: run_group(build(grad), repeats, sample_s)
+                      for kind, grad in (("forward", False), ("jit(grad)", True))}
+    return out
+
+
+def contrib_table(res: dict[str, dict]) -> str:
+    """anybind and JAXbind side by side, µs min (median), and the ratio of the minima."""
+    rows = []
+    for label, kinds in res.items():
+        row = [label]
+        for kind in ("forward", "jit(grad)"):
+            r = kinds[kind]
+            a, j = r["anybind"], r.get("JAXbind")
+            row += [f"{_fmt(a['min_us'])} ({_fmt(a['median_us'])})",
+                    "–" if j is None else f"{_fmt(j['min_us'])} ({_fmt(j['median_us'])})",
+                    "–" if j is None else f"{a['min_us'] / j['min_us']:.2f}"]
+        rows.append(row)
+    return "\n".join([
+        "### anybind.contrib.ducc0 against JAXbind's jaxducc0", "",
+        "µs per call, min (median); ratio of minima, anybind ÷ JAXbind (≤ 1: anybind as fast "
+        "or faster). jit(grad) is of ‖f(x)‖², so it runs the op and its transpose.", "",
+        _md(["op", "forward anybind", "forward JAXbind", "ratio", "jit(grad) anybind",
+             "jit(grad) JAXbind", "ratio"], rows)])
+
+
 def memory_table(res: dict[str, dict], n: int) -> str:
     rows = []
     for name, r in res.items():
@@ -320,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sample-ms", type=float, help="length of one sample in ms (default 1)")
     p.add_argument("--mem-n", type=int, help=f"memory test size (default {MEM_N:,})")
     p.add_argument("--only", help="comma-separated groups: "
-                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,ffi,devices,memory")
+                   "calls,grads,grad1,vmap,vmapfft,jacrev,solve,contrib,ffi,devices,memory")
     p.add_argument("--out", default=str(HERE / "results.json"))
     p.add_argument("--update-readme", action="store_true",
                    help="write the tables into benchmarks/README.md")
@@ -343,8 +377,8 @@ def main(argv: list[str] | None = None) -> dict:
     sample_s = (a.sample_ms or 1.0) / 1e3
     mem_n = a.mem_n or (5_000_000 if a.quick else MEM_N)
     groups = set(a.only.split(",")) if a.only else {"calls", "grads", "grad1", "vmap",
-                                                     "vmapfft", "jacrev", "solve", "ffi",
-                                                     "devices", "memory"}
+                                                     "vmapfft", "jacrev", "solve", "contrib",
+                                                     "ffi", "devices", "memory"}
     info = machine()
     print("machine:", json.dumps(info))
     print(f"repeats={repeats}, sample≈{sample_s * 1e3:g} ms; min is the headline "
@@ -429,6 +463,10 @@ def main(argv: list[str] | None = None) -> dict:
             note += " anybind has no def_fwd/def_bwd in this checkout."
         emit(single_table(f"jit(value_and_grad(sum(solve(A, b)))), A {routes.N_LU}×"
                           f"{routes.N_LU}: reusing the LU factorisation", res, None, note))
+    if "contrib" in groups and contrib_routes.AVAILABLE:
+        res = contrib(repeats, sample_s)
+        results["contrib"] = res
+        emit(contrib_table(res))
     if "ffi" in groups:
         res = {n: run_group(ffi_routes.calls(n), repeats, sample_s) for n in SIZES}
         scan = run_group(ffi_routes.scans(), repeats, sample_s)
@@ -468,6 +506,7 @@ def _machine_md(info: dict, repeats: int, sample_s: float) -> str:
             f"{', %s GiB' % info['memory_gib'] if 'memory_gib' in info else ''}; "
             f"Python {info['python']}, jax {info['jax']}, jaxlib {info['jaxlib']}, "
             f"NumPy {info['numpy']}, SciPy {info['scipy']}, JAXbind {info['jaxbind']}, "
+            f"ducc0 {info.get('ducc0')}, "
             f"anybind {info['anybind']} (commit {info.get('anybind_commit', '?')}); backend {info['jax_backend']}. "
             f"{repeats} samples of ≈{sample_s * 1e3:g} ms per route, round-robin; BLAS threads "
             f"{info.get('blas_threads')}, CPU async dispatch {info.get('cpu_async_dispatch')}; "

@@ -53,3 +53,14 @@ def test_recipes_benchmark_residual_choices_give_the_gradient():
         for g, w in zip(got, want):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-13, atol=1e-14,
                                        err_msg=name)
+
+
+def test_contrib_group_routes_agree_and_are_measurable():
+    """The contrib group's smallest cases: each library's route agrees with anybind's."""
+    run = _load_run()
+    for grad in (False, True):
+        cases = run.contrib_routes.c2c(1_000, grad)
+        run.check(cases)
+        res = run.measure({k: run._thunk(f, a) for k, (f, a) in cases.items()}, repeats=1,
+                          sample_s=0.0, warmup_s=0.0)
+        assert all(np.isfinite(r["min_us"]) for r in res.values())

@@ -150,3 +150,29 @@ def test_inplace_traced_rule_is_an_error():
     op = ab.bind(np.sin, shape=ab.like(0), name="inplace_traced")
     with pytest.raises(TypeError, match=r"'inplace_traced'.*def_jvp\(out=True\).*host"):
         op.def_jvp(lambda p, t, *, out: None, traced=True, out=True)
+
+
+def test_inplace_vmap_rule_fills_the_whole_batch_in_one_call():
+    """def_vmap(rule, out=True): one host call writes every row of the batched output."""
+    calls = []
+
+    def fn(x, y, *, out):
+        np.multiply(x, y, out=out)
+
+    op = ab.bind(fn, shape=ab.like(0), out=True, name="inplace_vmap_rule",
+                 jvp=lambda p, t: p[1] * t[0] + p[0] * t[1])
+
+    @op.def_vmap(out=True)
+    def _(size, in_batched, x, y, *, out):
+        calls.append((size, tuple(in_batched)))
+        assert out.shape[0] == size
+        np.multiply(x, y, out=out)  # an unbatched argument broadcasts against the batch
+
+    X, Y = randn((4, 3)), randn(3, seed=1)
+    np.testing.assert_allclose(jax.jit(jax.vmap(op, in_axes=(0, None)))(X, Y), X * Y, **TOL)
+    assert calls == [(4, (True, False))]
+    t = jax.vmap(lambda x: jax.jvp(lambda x: op(x, Y), (x,), (x,))[1])(X)
+    np.testing.assert_allclose(t, X * Y, **TOL)
+    op.def_vmap(lambda size, in_batched, x, y, *, out: out, out=True)
+    with pytest.raises(Exception, match=r"(?s)'inplace_vmap_rule'.*vmap rule.*out=True.*None"):
+        jax.vmap(op)(X, X)
