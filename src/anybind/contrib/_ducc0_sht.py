@@ -56,11 +56,14 @@ def n_real_alm(lmax: int, mmax: int | None = None) -> int:
 
 
 _SQRT2 = float(np.sqrt(2.0))
+# real dtype ↦ complex dtype (a dict lookup: np.result_type costs ≈ 0.7 µs a call)
+_COMPLEX = {np.dtype(t): np.dtype(np.result_type(t, np.complex64))
+            for t in (np.float32, np.float64)}
 
 
 def _as_complex(a: np.ndarray) -> np.ndarray:
     """The (Re, Im) pairs along the last axis of a real array as one complex view."""
-    return a.view(np.result_type(a.dtype, np.complex64))
+    return a.view(_COMPLEX[a.dtype])
 
 
 def _pack_into(alm: np.ndarray, lmax: int, out: np.ndarray) -> None:
@@ -118,8 +121,8 @@ def _check(name: str, x, last: int, what: str, nside: int, lmax: int, mmax, spin
                          f"non-negative int, got nside={nside!r}, lmax={lmax!r}")
     if mmax is not None and not 0 <= mmax <= lmax:
         raise ValueError(f"anybind op '{name}': mmax must lie in [0, lmax={lmax}], got {mmax}")
-    if not np.issubdtype(x.dtype, np.floating):
-        raise TypeError(f"anybind op '{name}': {what} must be real floating, got {x.dtype}")
+    if np.dtype(x.dtype) not in _COMPLEX:
+        raise TypeError(f"anybind op '{name}': {what} must be float32 or float64, got {x.dtype}")
     ncomp = 1 if spin == 0 else 2
     if len(x.shape) < 2 or x.shape[-2:] != (ncomp, last):
         raise ValueError(f"anybind op '{name}': {what} must have shape (..., {ncomp}, {last}) "
@@ -132,8 +135,7 @@ def _synthesis(alm, *, out, nside: int, lmax: int, mmax: int | None = None, spin
                nthreads: int = 1) -> None:
     """Packed real a_lm (..., ncomp, n_real_alm) ↦ maps (..., ncomp, 12·nside²), into out."""
     alm = np.ascontiguousarray(alm.reshape((-1,) + alm.shape[-2:]))
-    a = np.empty(alm.shape[:-1] + ((alm.shape[-1] + lmax + 1) // 2,),
-                 np.result_type(alm.dtype, np.complex64))
+    a = np.empty(alm.shape[:-1] + ((alm.shape[-1] + lmax + 1) // 2,), _COMPLEX[alm.dtype])
     _unpack_into(alm, lmax, a)
     ducc0.sht.experimental.synthesis(
         alm=a, map=reshaped(out, (-1,) + out.shape[-2:]), lmax=lmax,
