@@ -116,6 +116,13 @@ def step_costs(batches: int = 30, reps: int = 1000) -> dict[str, float]:
         t("empty", lambda: None)
         t("np.asarray(Buffer)", lambda: np.asarray(x1))
         t("np.asarray(Buffer) + setflags(write=False)", seta)
+
+        def setb():
+            v = x1.__array__()
+            v.setflags(write=False)
+
+        t("Buffer.__array__() (what anybind calls)", lambda: x1.__array__())
+        t("Buffer.__array__() + setflags(write=False)", setb)
         t("np.asarray(ndarray)", lambda: np.asarray(a1))
         t("the user's NumPy: x1 * x2**2 (n=1)", lambda: a1 * a2**2)
         t("out[...] = r (n=1)", lambda: ao.__setitem__(Ellipsis, r))
