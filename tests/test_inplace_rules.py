@@ -176,3 +176,25 @@ def test_inplace_vmap_rule_fills_the_whole_batch_in_one_call():
     op.def_vmap(lambda size, in_batched, x, y, *, out: out, out=True)
     with pytest.raises(Exception, match=r"(?s)'inplace_vmap_rule'.*vmap rule.*out=True.*None"):
         jax.vmap(op)(X, X)
+
+
+def test_inplace_rule_with_its_own_batching():
+    """A rule's vmap= (a mode or a batched variant) keeps the in-place calling convention."""
+    rows, batched = [], []
+
+    def vjp(primals, ct, *, out):
+        rows.append(ct.shape)
+        np.multiply(np.cos(primals[0]), ct, out=out[0])
+
+    def vjp_batched(primals, ct, *, out):
+        batched.append(out[0].shape)
+        np.multiply(np.cos(primals[0]), ct, out=out[0])
+
+    X = randn((4, 3))
+    want = jax.vmap(jax.grad(lambda x: jnp.sum(jnp.sin(x) ** 2)))(X)
+    for variant, log, shape in (("sequential", rows, (3,)), (vjp_batched, batched, (4, 3))):
+        op = ab.bind(np.sin, shape=ab.like(0), vmap="vectorized", name="inplace_rule_vmap")
+        op.def_vjp(vjp, out=True, vmap=variant)
+        got = jax.jit(jax.vmap(jax.grad(lambda x: jnp.sum(op(x) ** 2))))(X)
+        np.testing.assert_allclose(got, want, **TOL)
+        assert log and set(log) == {shape}
