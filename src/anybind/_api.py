@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from typing import Any, Callable, Literal, Union
 
 import jax
@@ -22,6 +23,8 @@ RuleVmap = Union[Literal["sequential", "vectorized"], Callable[..., Any], None]
 # when it is first used, e.g. torch.Tensor by ``_torch``), so that bound ops
 # called inside a rule on those arrays dispatch to that front end.
 FRONT_ENDS: dict = {}
+# Every live op by id(op), for front ends that can pass only numbers (torch.compile).
+LIVE_OPS: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()
 
 
 class Op:
@@ -112,6 +115,7 @@ class Op:
         elif transpose is not None:
             self.def_transpose(transpose, traced=traced)
         self._family = Family(self)
+        LIVE_OPS[id(self)] = self
 
     def __repr__(self) -> str:
         rules = [k for k in ("jvp", "vjp", "transpose", "vmap")

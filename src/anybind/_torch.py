@@ -31,6 +31,7 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any, Callable, Sequence
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 from jax import tree_util
 from torch._functorch import pyfunctorch as _pyfunctorch
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 from jax.core import ShapedArray
 
 from . import _api, _hostcall, _impls
@@ -249,13 +251,26 @@ def tracking(ops: Sequence[torch.Tensor]) -> bool:
 
 def apply(node: Node, ops: Sequence[torch.Tensor]) -> list:
     """The node's outputs, recorded for autograd and torch.func where they look."""
-    if torch.compiler.is_compiling():
-        if tracking(ops):
-            return list(_Fn.apply(node.id, *ops))
-        return list(torch.ops.anybind.run(node.id, list(ops)))
     if not tracking(ops):
-        return node.run(ops)
+        return run_node(node, ops)
     return list(_Fn.apply(node.id, *ops))
+
+
+def _symbolic(ops) -> bool:
+    """Whether the tensors are fake ones (torch.compile tracing): no data to compute on."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(type(t) not in _PLAIN and _is_fake(t) for t in ops)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def run_node(node: Node, ops: Sequence[torch.Tensor]) -> list:
+    """The node's outputs without autograd: host code, or ``anybind::run`` when tracing."""
+    if _symbolic(ops):
+        return list(torch.ops.anybind.run(node.id, list(ops)))
+    return node.run(ops)
 
 
 class _Fn(torch.autograd.Function):
@@ -263,9 +278,7 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def forward(nid: int, *ops):
-        if torch.compiler.is_compiling():
-            return tuple(torch.ops.anybind.run(nid, list(ops)))
-        return tuple(_NODES[nid].run(ops))
+        return tuple(run_node(_NODES[nid], ops))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -352,22 +365,25 @@ class TorchOp:
     def __init__(self, op):
         self.op = op
         self._cache: dict = {}
-        self._nodes: dict = {}
-        self._lock = threading.Lock()
+        self._nodes: dict = {}  # filled from any thread: single dict writes are atomic
 
     def __repr__(self) -> str:
         return f"<torch front end of {self.op!r}>"
+
 
     def node(self, role: str, call: Call, batch=None, lin=None, need=None) -> Node:
         key = (role, call, batch, lin, need)
         node = self._nodes.get(key)
         if node is None:
-            node = Node(self, role, call, batch, lin, need)
-            with self._lock:
-                self._nodes[key] = node
+            node = self._nodes.setdefault(key, Node(self, role, call, batch, lin, need))
         return node
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return _compiled_entry(self.op, *args, **kwargs)
+        return self.call(args, kwargs)
+
+    def call(self, args: tuple, kwargs: dict) -> Any:
         op = self.op
         operands, static = _split_kwargs(op, kwargs) if kwargs else ({}, ())
         xs, args_tree = tree_util.tree_flatten(args)
@@ -386,8 +402,8 @@ class TorchOp:
             check_outputs(call, "function", outs, [a.shape for a in call.out_avals],
                           [torch_dtype(op.name, a.dtype) for a in call.out_avals],
                           [call.out_name(j) for j in range(len(call.out_avals))])
-        elif not tracking(ops) and not torch.compiler.is_compiling():
-            outs = primal.run(ops)
+        elif not tracking(ops):
+            outs = run_node(primal, ops)
         else:
             outs = apply(grad_node, ops)[:len(call.out_avals)]
         return tree_util.tree_unflatten(call.out_tree, outs)
@@ -411,12 +427,28 @@ class TorchOp:
             primal = self.node("primal", call)
             grad_node = self.node("fwd", call) if uses_residuals(call) else primal
             entry = (call, primal, grad_node)
-        with self._lock:
-            self._cache[key] = entry
+        self._cache[key] = entry
         return entry
 
 
-def torch_op(op) -> TorchOp:
+@torch._dynamo.nonstrict_trace
+def _compiled_call(key: int, args: tuple, kwargs: dict):
+    """Under torch.compile: an opaque call to dynamo, traced by AOTAutograd."""
+    return front_of(_api.LIVE_OPS[key]).call(args, kwargs)
+
+
+def _compiled_entry(op, *args, **kwargs):
+    return _compiled_call(id(op), args, kwargs)
+
+
+def torch_op(op):
+    """``op.torch``: the op's ``TorchOp`` (under torch.compile, its opaque entry)."""
+    if torch.compiler.is_compiling():  # dynamo must not build objects it would pass on
+        return functools.partial(_compiled_entry, op)
+    return front_of(op)
+
+
+def front_of(op) -> TorchOp:
     front = op.__dict__.get("_torch_front")
     if front is None:
         front = op.__dict__.setdefault("_torch_front", TorchOp(op))
@@ -455,7 +487,7 @@ def _split_kwargs(op, kwargs: dict):
 
 def _dispatch(op, *args, **kwargs):
     """A bound op called on torch tensors (in a traced rule, say) runs as ``op.torch``."""
-    return torch_op(op)(*args, **kwargs)
+    return front_of(op)(*args, **kwargs)
 
 
 _api.FRONT_ENDS[torch.Tensor] = _dispatch
