@@ -41,6 +41,7 @@ import torch
 from jax import tree_util
 from torch._functorch import pyfunctorch as _pyfunctorch
 from torch._subclasses.fake_tensor import is_fake as _is_fake
+from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from jax.core import ShapedArray
 
 from . import _api, _hostcall, _impls
@@ -110,7 +111,10 @@ class Node:
         self.names = out_names(role, call, need)
         self.shapes = [lead + a.shape for a in self.avals]
         self.dtypes = [torch_dtype(op.name, a.dtype) for a in self.avals]
-        self.float_out = [a.dtype.kind in "fc" for a in self.avals]
+        # differentiable outputs: floating ones, never the residuals of a fwd rule
+        n_res = len(call.res_avals) if role == "fwd" else 0
+        self.float_out = [a.dtype.kind in "fc" for a in self.avals[:len(self.avals) - n_res]] \
+            + [False] * n_res
         self._runner = None
         with _ID_LOCK:
             self.id = next(_NEXT_ID)
@@ -307,7 +311,11 @@ class _Fn(torch.autograd.Function):
         saved = _unwrapped(ctx.saved_tensors)
         ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
         tangents = _unwrapped(tangents)
-        return tuple(_torch_ad.forward(node, list(ops), list(outs), list(tangents)))
+        # torch runs jvp staticmethods with forward AD off at every level, so an outer
+        # jvp (forward over forward) would silently see zeros; the unwrapped primals
+        # carry no tangent of this level, so turning it back on is exact.
+        with _set_fwd_grad_enabled(True):
+            return tuple(_torch_ad.forward(node, list(ops), list(outs), list(tangents)))
 
     @staticmethod
     def vmap(info, in_dims, nid, *ops):
@@ -319,8 +327,8 @@ def _unwrapped(ts):
     """The tensors without the wrapper of the current torch.func jvp level, if any.
 
     torch.func runs a jvp staticmethod on primals still wrapped at its own
-    level; a nested transform inside the rule (a transposition) would then
-    ask for their tangents again, recursing without end.
+    level (as duals); computing on them with forward AD on, or inside a nested
+    transform (a transposition), would ask for their tangents again.
     """
     level = torch._C._functorch.maybe_current_level()
     if level is None or _pyfunctorch.retrieve_current_functorch_interpreter().key() != \
