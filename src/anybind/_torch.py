@@ -302,6 +302,8 @@ class _Fn(torch.autograd.Function):
         saved = ctx.saved_tensors
         ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
         needs = ctx.needs_input_grad[1:]
+        if node.role != "primal":  # a derived node of host code: only what the engine runs
+            needs = _engine_needs(ctx, needs)
         return (None, *_torch_ad.backward(node, list(ops), list(outs), list(cts), needs))
 
     @staticmethod
@@ -321,6 +323,23 @@ class _Fn(torch.autograd.Function):
     def vmap(info, in_dims, nid, *ops):
         from . import _torch_ad
         return _torch_ad.batch(_NODES[nid], info.batch_size, in_dims[1:], list(ops))
+
+
+def _engine_needs(ctx, needs) -> list:
+    """``needs`` less the inputs whose gradient the running backward pass discards.
+
+    A host rule cannot be differentiated in its primals, which then raises; an
+    input that merely requires grad (x under ``autograd.grad(g, ȳ)``) must not.
+    Where torch cannot tell (a leaf under ``autograd.grad``) it counts as needed.
+    """
+    out = list(needs)
+    for i, (fn, _) in enumerate(ctx.next_functions):
+        if out[i] and fn is not None:
+            try:
+                out[i] = bool(torch._C._will_engine_execute_node(fn))
+            except RuntimeError:
+                pass
+    return out
 
 
 def _unwrapped(ts):
