@@ -342,3 +342,24 @@ def test_transpose_identity_of_backward_for_complex_ops():
     _, jdx = torch.func.jvp(f, (x,), (dx,))
     xbar = torch.func.vjp(f, x)[1](ybar)[0]
     np.testing.assert_allclose(torch_inner(ybar, jdx), torch_inner(xbar, dx), rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["mul", "sin", "fft", "sort", "tree", "scale"])
+def test_ab_check_runs_the_checks_through_torch(name):
+    case = TORCH_CASES[name]
+    report = ab.check(case.make("vectorized"), *case.args(), torch=True, **case.kwargs())
+    rows = {r.check: r.status for r in report.rows if r.check.startswith("torch")}
+    assert {"torch eager", "torch vjp", "torch jvp", "torch vmap"} <= set(rows), rows
+    assert all(s in ("ok", "skipped") for s in rows.values()), str(report)
+    if name in ("sin", "cos"):
+        assert rows["torch 2nd order"] == "ok"
+
+
+def test_ab_check_torch_side_names_a_rule_that_fails_on_torch():
+    op = ab.bind(np.sin, shape=ab.like(0), vmap="vectorized", name="sin_jnp_jvp")
+    op.def_jvp(lambda p, t: jax.numpy.cos(p[0]) * t[0], traced=True)
+    with pytest.raises(ab.RuleError) as e:
+        ab.check(op, randn(3), torch=True)
+    assert e.value.check == "torch jvp" and "jvp rule" in str(e.value)
+    assert [r.status for r in e.value.report.rows if not r.check.startswith("torch ")] \
+        == ["ok"] * len([r for r in e.value.report.rows if not r.check.startswith("torch ")])
