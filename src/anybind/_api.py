@@ -289,6 +289,9 @@ class Op:
         >>> cube.torch(x).backward(); x.grad
         tensor(12., dtype=torch.float64)
         """
+        front = self.__dict__.get("_torch_front")  # made by the first use (hot path)
+        if front is not None:
+            return front
         from ._torch import torch_op
         return torch_op(self)
 

@@ -32,6 +32,7 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from typing import Any, Callable, Sequence
@@ -46,7 +47,7 @@ from jax.core import ShapedArray
 
 from . import _api, _hostcall, _impls
 from ._hostcall import HostError
-from ._roles import MissingRuleError, make_run, missing_rule_message, out_avals, out_names, \
+from ._roles import Layout, MissingRuleError, make_run, missing_rule_message, out_avals, out_names, \
     role_name, rule_of, uses_residuals
 from ._spec import Batch, Call
 
@@ -115,13 +116,22 @@ class Node:
         n_res = len(call.res_avals) if role == "fwd" else 0
         self.float_out = [a.dtype.kind in "fc" for a in self.avals[:len(self.avals) - n_res]] \
             + [False] * n_res
-        self._runner = None
+        self._runner = self._run = None
+        self._layouts: dict = {}
+        if role == "primal" and op.inplace:  # out=True: the runner hands out output buffers
+            self._run_unbatched = lambda ins: self._run_inplace(ins)
         with _ID_LOCK:
             self.id = next(_NEXT_ID)
         _NODES[self.id] = self
 
     def __repr__(self) -> str:
         return f"<node {self.call.op.name}:{self.role} batch={self.batch}>"
+
+    def layout(self, n_ops: int) -> Layout:
+        lay = self._layouts.get(n_ops)
+        if lay is None:
+            lay = self._layouts[n_ops] = Layout(self.role, self.call, n_ops)
+        return lay
 
     def derived(self, role: str, batch: Batch | None = None, lin=None, need=None) -> "Node":
         return self.front.node(role, self.call, batch, lin, need)
@@ -136,7 +146,8 @@ class Node:
             self._runner = _hostcall.make_host_runner(
                 call, self.name, lambda lead: make_run(role, call, rule, lin, need, np, lead),
                 self.avals, self.names, self.batch,
-                rule if self.by_vmap_rule else call.op.vmap)
+                rule if self.by_vmap_rule else call.op.vmap,
+                inplace=self.role == "primal" and call.op.inplace and not self.by_vmap_rule)
         return self._runner
 
     def run(self, ops: Sequence[torch.Tensor]) -> list:
@@ -146,18 +157,50 @@ class Node:
         if self.rule.traced:
             with torch.no_grad():
                 return self.run_traced(ops)
-        device = ops[0].device if ops else torch.device("cpu")
         ins = [_np_view(t) for t in ops]
-        outs = [torch.empty(s, dtype=d) for s, d in zip(self.shapes, self.dtypes)]
         try:
-            self.host_runner()(ins, [o.numpy() for o in outs])
+            if self.batch is None:
+                outs = self._run_unbatched(ins)
+            else:
+                outs = [torch.empty(s, dtype=d) for s, d in zip(self.shapes, self.dtypes)]
+                self.host_runner()(ins, [o.numpy() for o in outs])
         except HostError:
             raise
         except Exception as e:
             raise HostError(f"anybind op '{self.call.op.name}': the {self.name} raised "
                             f"{type(e).__name__}: {e}").with_traceback(e.__traceback__) from None
-        if device.type != "cpu":
-            outs = [o.to(device) for o in outs]
+        if ops and not ops[0].is_cpu:
+            outs = [o.to(ops[0].device) for o in outs]
+        return outs
+
+    def _run_unbatched(self, ins) -> list:
+        """The rule's results as tensors: fresh arrays are taken over, others copied.
+
+        An array that nothing but this frame refers to (a temporary the rule just
+        made) becomes the tensor's storage without a copy; one the rule keeps, or
+        a view of an input, is copied, as XLA's output buffers would be.
+        """
+        run = self._run
+        if run is None:
+            call, rule = self.call, self.rule
+            run = self._run = make_run(self.role, call, rule, self.lin, self.need, np, ())
+            self._expected = [(s, np.dtype(a.dtype)) for s, a in zip(self.shapes, self.avals)]
+        res, outs = run(*ins), []
+        for j in range(len(res)):
+            r = res[j]
+            shape, dtype = self._expected[j]
+            if not (type(r) is np.ndarray and r.shape == shape and r.dtype == dtype):
+                r = _hostcall._as_result(self.call, f"the {self.name}'s {self.names[j]}", r,
+                                         self.avals[j], shape, False)
+            if r.flags.owndata and r.flags.writeable and sys.getrefcount(r) <= _FRESH:
+                outs.append(torch.from_numpy(r))
+            else:
+                outs.append(torch.from_numpy(np.array(r)))
+        return outs
+
+    def _run_inplace(self, ins) -> list:
+        outs = [torch.empty(s, dtype=d) for s, d in zip(self.shapes, self.dtypes)]
+        self.host_runner()(ins, [o.numpy() for o in outs])
         return outs
 
     def run_traced(self, ops: Sequence[torch.Tensor]) -> list:
@@ -215,15 +258,19 @@ def _as_tensor(x) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
 
 
+# sys.getrefcount of an array held by one local name and the list it came in, only
+# (the call's own argument is the third reference)
+_FRESH = 3
+
+
 def _np_view(t: torch.Tensor) -> np.ndarray:
     """A read-only NumPy view of a CPU tensor (a copy only for other devices)."""
-    t = t.detach()
-    if t.device.type != "cpu":
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
         t = t.cpu()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
     v = t.numpy()
     v.flags.writeable = False
     return v
@@ -262,9 +309,10 @@ def apply(node: Node, ops: Sequence[torch.Tensor]) -> list:
 
 def _symbolic(ops) -> bool:
     """Whether the tensors are fake ones (torch.compile tracing): no data to compute on."""
-    if torch.compiler.is_compiling():
-        return True
-    return any(type(t) not in _PLAIN and _is_fake(t) for t in ops)
+    for t in ops:
+        if type(t) not in _PLAIN and _is_fake(t):
+            return True
+    return False
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -280,6 +328,15 @@ def run_node(node: Node, ops: Sequence[torch.Tensor]) -> list:
 class _Fn(torch.autograd.Function):
     """Every node under autograd and torch.func; the maths is in ``_torch_ad``."""
 
+    @classmethod
+    def apply(cls, *args):
+        # torch's apply binds the arguments with inspect.signature on every call (about
+        # a third of a small call); without functorch transforms nothing needs that
+        if torch._C._are_functorch_transforms_active() or \
+                any(_is_wrapped(a) for a in args[1:]):
+            return super().apply(*args)
+        return super(torch.autograd.Function, cls).apply(*args)
+
     @staticmethod
     def forward(nid: int, *ops):
         return tuple(run_node(_NODES[nid], ops))
@@ -292,12 +349,13 @@ class _Fn(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*[o for o, f in zip(output, node.float_out) if not f])
         ctx.save_for_backward(*ops, *output)
-        ctx.save_for_forward(*ops, *output)
+        if torch._C._are_functorch_transforms_active() or \
+                torch.autograd.forward_ad._current_level >= 0:
+            ctx.save_for_forward(*ops, *output)
         ctx.n_ops = len(ops)
 
     @staticmethod
     def backward(ctx, *cts):
-        from . import _torch_ad
         node = _NODES[ctx.nid]
         saved = ctx.saved_tensors
         ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
@@ -308,7 +366,6 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, _nid, *tangents):
-        from . import _torch_ad
         node = _NODES[ctx.nid]
         saved = _unwrapped(ctx.saved_tensors)
         ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
@@ -321,8 +378,10 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, nid, *ops):
-        from . import _torch_ad
         return _torch_ad.batch(_NODES[nid], info.batch_size, in_dims[1:], list(ops))
+
+
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _engine_needs(ctx, needs) -> list:
@@ -418,7 +477,7 @@ class TorchOp:
         xs = [_operand(op, x, f"positional input leaf {i}") for i, x in enumerate(xs)]
         ks = [_operand(op, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
         ops = xs + ks
-        key = (args_tree, kw_tree, static, tuple((t.shape, t.dtype) for t in ops),
+        key = (args_tree, kw_tree, static, tuple([(t.shape, t.dtype) for t in ops]),
                tuple(type(v) for _, v in static), op._version)
         entry = self._cache.get(key)
         if entry is None:
@@ -518,3 +577,5 @@ def _dispatch(op, *args, **kwargs):
 
 
 _api.FRONT_ENDS[torch.Tensor] = _dispatch
+
+from . import _torch_ad  # noqa: E402  (the derivatives of nodes; it imports this module)

@@ -29,7 +29,7 @@ from typing import Sequence
 import torch
 
 from . import _impls
-from ._roles import Layout, MissingRuleError, missing_rule_message, uses_residuals
+from ._roles import MissingRuleError, missing_rule_message, uses_residuals
 from ._spec import Batch, Call
 from ._torch import TXP, Node, apply, check_outputs, torch_dtype, traced
 
@@ -88,7 +88,7 @@ def cotangents(node: Node, ops: list, outs: list, cts: list, needs) -> list:
     if node.batch is not None:
         return _batched_cotangents(node, ops, outs, cts, needs)
     call, role, op = node.call, node.role, node.call.op
-    lay = Layout(role, call, len(ops))
+    lay = node.layout(len(ops))
     for k, i in enumerate(lay.ks):
         if needs[i]:
             raise _keyword_error(call, k, "a gradient was asked")
@@ -217,7 +217,7 @@ def forward(node: Node, ops: list, outs: list, ts: list) -> list:
     if node.batch is not None:
         return _batched_tangents(node, ops, outs, ts)
     call, role, op = node.call, node.role, node.call.op
-    lay = Layout(role, call, len(ops))
+    lay = node.layout(len(ops))
     for k, i in enumerate(lay.ks):
         if ts[i] is not None:
             raise _keyword_error(call, k, "a tangent flows")
