@@ -363,3 +363,16 @@ def test_ab_check_torch_side_names_a_rule_that_fails_on_torch():
     assert e.value.check == "torch jvp" and "jvp rule" in str(e.value)
     assert [r.status for r in e.value.report.rows if not r.check.startswith("torch ")] \
         == ["ok"] * len([r for r in e.value.report.rows if not r.check.startswith("torch ")])
+
+
+def test_command_line_check_through_torch(tmp_path, capsys):
+    from anybind import _cli
+    (tmp_path / "torch_ops.py").write_text(
+        "import numpy as np, anybind as ab\n"
+        "mul = ab.bind(lambda a, b: a * b**2, shape=ab.like(0), vmap='vectorized', name='mul',\n"
+        "              jvp=lambda p, t: p[1]**2 * t[0] + 2 * p[0] * p[1] * t[1],\n"
+        "              vjp=lambda p, ct: (p[1]**2 * ct, 2 * p[0] * p[1] * ct),\n"
+        "              examples=lambda: ((np.ones(3), np.full(3, 2.0)), {}))\n")
+    assert _cli.main(["check", str(tmp_path / "torch_ops.py"), "--x64", "--torch"]) == 0
+    out = capsys.readouterr().out
+    assert "torch vjp" in out and "torch vmap" in out
