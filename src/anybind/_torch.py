@@ -304,7 +304,7 @@ def apply(node: Node, ops: Sequence[torch.Tensor]) -> list:
     """The node's outputs, recorded for autograd and torch.func where they look."""
     if not tracking(ops):
         return run_node(node, ops)
-    return list(_Fn.apply(node.id, *ops))
+    return list(_Fn.apply(node, *ops))
 
 
 def _symbolic(ops) -> bool:
@@ -332,20 +332,21 @@ class _Fn(torch.autograd.Function):
     def apply(cls, *args):
         # torch's apply binds the arguments with inspect.signature on every call (about
         # a third of a small call); without functorch transforms nothing needs that
-        if torch._C._are_functorch_transforms_active() or \
-                any(_is_wrapped(a) for a in args[1:]):
+        if torch._C._are_functorch_transforms_active():
             return super().apply(*args)
+        for a in args:
+            if type(a) is not Node and _is_wrapped(a):  # a dead torch.func wrapper
+                return super().apply(*args)
         return super(torch.autograd.Function, cls).apply(*args)
 
     @staticmethod
-    def forward(nid: int, *ops):
-        return tuple(run_node(_NODES[nid], ops))
+    def forward(node: Node, *ops):
+        return tuple(run_node(node, ops))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        nid, ops = inputs[0], inputs[1:]
-        node = _NODES[nid]
-        ctx.nid = nid
+        node, ops = inputs[0], inputs[1:]
+        ctx.node = node
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*[o for o, f in zip(output, node.float_out) if not f])
         ctx.save_for_backward(*ops, *output)
@@ -356,7 +357,7 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *cts):
-        node = _NODES[ctx.nid]
+        node = ctx.node
         saved = ctx.saved_tensors
         ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
         needs = ctx.needs_input_grad[1:]
@@ -365,8 +366,8 @@ class _Fn(torch.autograd.Function):
         return (None, *_torch_ad.backward(node, list(ops), list(outs), list(cts), needs))
 
     @staticmethod
-    def jvp(ctx, _nid, *tangents):
-        node = _NODES[ctx.nid]
+    def jvp(ctx, _node, *tangents):
+        node = ctx.node
         saved = _unwrapped(ctx.saved_tensors)
         ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
         tangents = _unwrapped(tangents)
@@ -377,8 +378,8 @@ class _Fn(torch.autograd.Function):
             return tuple(_torch_ad.forward(node, list(ops), list(outs), list(tangents)))
 
     @staticmethod
-    def vmap(info, in_dims, nid, *ops):
-        return _torch_ad.batch(_NODES[nid], info.batch_size, in_dims[1:], list(ops))
+    def vmap(info, in_dims, node, *ops):
+        return _torch_ad.batch(node, info.batch_size, in_dims[1:], list(ops))
 
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -491,7 +492,7 @@ class TorchOp:
         elif not tracking(ops):
             outs = run_node(primal, ops)
         else:
-            outs = apply(grad_node, ops)[:len(call.out_avals)]
+            outs = list(_Fn.apply(grad_node, *ops))[:len(call.out_avals)]
         return tree_util.tree_unflatten(call.out_tree, outs)
 
     def _prepare(self, key, xs, ks):
