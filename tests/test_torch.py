@@ -376,3 +376,12 @@ def test_command_line_check_through_torch(tmp_path, capsys):
     assert _cli.main(["check", str(tmp_path / "torch_ops.py"), "--x64", "--torch"]) == 0
     out = capsys.readouterr().out
     assert "torch vjp" in out and "torch vmap" in out
+
+
+def test_docstring_examples():
+    import doctest
+    from anybind._torch import TorchOp
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner()
+    for name, doc in [("Op.torch", ab.Op.torch.__doc__), ("TorchOp", TorchOp.__doc__)]:
+        result = runner.run(parser.get_doctest(doc, {}, name, None, 0))
+        assert result.attempted > 0 and result.failed == 0, name

@@ -118,6 +118,7 @@ class Node:
             + [False] * n_res
         self._runner = self._run = None
         self._layouts: dict = {}
+        self.plans: dict = {}  # backward plans by pattern of zeros (_torch_ad)
         if role == "primal" and op.inplace:  # out=True: the runner hands out output buffers
             self._run_unbatched = lambda ins: self._run_inplace(ins)
         with _ID_LOCK:

@@ -87,6 +87,17 @@ def cotangents(node: Node, ops: list, outs: list, cts: list, needs) -> list:
     """x̄ = ∂f(x)ᵀ·ȳ for every operand (None where not needed or zero)."""
     if node.batch is not None:
         return _batched_cotangents(node, ops, outs, cts, needs)
+    if node.role == "primal":  # the common case, planned once per pattern of zeros
+        key = (tuple([c is not None for c in cts]), tuple(needs))
+        plan = node.plans.get(key, False)
+        if plan is False:
+            plan = node.plans[key] = _host_vjp_plan(node, *key)
+        if plan is not None:
+            vjp_node, given, wanted = plan
+            res = [None] * len(ops)
+            for i, c in zip(wanted, apply(vjp_node, [*ops, *[cts[j] for j in given]])):
+                res[i] = c
+            return res
     call, role, op = node.call, node.role, node.call.op
     lay = node.layout(len(ops))
     for k, i in enumerate(lay.ks):
@@ -121,6 +132,22 @@ def cotangents(node: Node, ops: list, outs: list, cts: list, needs) -> list:
     for i, c in zip([i for i, u in zip(lay.lin, und) if u], out):
         res[i] = c
     return res
+
+
+def _host_vjp_plan(node: Node, present, needs):
+    """(vjp node, present cotangents, wanted operands) when the op's host vjp rule
+    alone answers this pattern of zeros; None when the general path must decide."""
+    call, op = node.call, node.call.op
+    vr = op.vjp_rule
+    if op.linear or uses_residuals(call) or vr is None or vr.traced or \
+            any(needs[call.n_in:]):
+        return None
+    ct_lin = tuple(p and f for p, f in zip(present, call.float_out))
+    need = tuple(bool(needs[i]) and call.float_in[i] for i in range(call.n_in))
+    if not any(need) or not any(ct_lin):
+        return None
+    return (node.derived("vjp", None, ct_lin, need), [j for j, p in enumerate(ct_lin) if p],
+            [i for i, k in enumerate(need) if k])
 
 
 def _primal_vjp(node: Node, xs, ks, rs, cts, ct_lin, need) -> list:
