@@ -325,6 +325,13 @@ def test_errors():
         bad.torch("x")
 
 
+def test_unsupported_kinds_of_op_raise():
+    mlin = ab.bind(lambda x, y: x * y, shape=ab.like(0), multilinear=True, name="mlin",
+                   transpose=(lambda p, ct: p[1] * ct, lambda p, ct: p[0] * ct))
+    with pytest.raises(NotImplementedError, match="mlin.*multilinear"):
+        mlin.torch(torch.ones(2), torch.ones(2))
+
+
 def test_jax_calls_are_unchanged_after_torch_use():
     """A bound op dispatches on torch tensors only; JAX arrays still go to JAX."""
     op = mul("vectorized")

@@ -45,7 +45,7 @@ from torch._subclasses.fake_tensor import is_fake as _is_fake
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from jax.core import ShapedArray
 
-from . import _api, _hostcall, _impls
+from . import _api, _batching, _compiled, _hostcall, _impls
 from ._hostcall import HostError
 from ._roles import Layout, MissingRuleError, make_run, missing_rule_message, out_avals, out_names, \
     role_name, rule_of, uses_residuals
@@ -105,7 +105,11 @@ class Node:
         self.lin, self.need = lin, need
         op = call.op
         self.by_vmap_rule = batch is not None and role == "primal" and op.vmap_rule is not None
-        self.rule = op.vmap_rule if self.by_vmap_rule else rule_of(role, call)
+        self.rule = op.vmap_rule if self.by_vmap_rule else rule_of(role, call, need)
+        if self.rule is not None and _compiled.is_compiled(self.rule.fn):
+            raise NotImplementedError(
+                f"anybind op '{op.name}': its {role_name(role, call)} is a compiled function "
+                f"(the compiled route, through XLA's FFI); op.torch runs Python callables only")
         self.name = "vmap rule" if self.by_vmap_rule else role_name(role, call)
         lead = () if batch is None else (batch.size,)
         self.avals = out_avals(role, call, lin, need)
@@ -142,12 +146,18 @@ class Node:
         return len(self.avals)
 
     def host_runner(self):
+        """``_primitive._lower``'s host runner: checks, and the batching of the rule."""
         if self._runner is None:
             call, role, rule, lin, need = self.call, self.role, self.rule, self.lin, self.need
+            if self.by_vmap_rule:
+                mode = rule
+            elif self.batch is not None:
+                rule, mode = _batching.host_mode(role, rule, call.op)
+            else:
+                mode = None
             self._runner = _hostcall.make_host_runner(
                 call, self.name, lambda lead: make_run(role, call, rule, lin, need, np, lead),
-                self.avals, self.names, self.batch,
-                rule if self.by_vmap_rule else call.op.vmap,
+                self.avals, self.names, self.batch, mode,
                 inplace=self.role == "primal" and call.op.inplace and not self.by_vmap_rule)
         return self._runner
 
@@ -498,6 +508,12 @@ class TorchOp:
 
     def _prepare(self, key, xs, ks):
         op = self.op
+        if getattr(op, "multilinear", False):
+            raise NotImplementedError(
+                f"anybind op '{op.name}' is multilinear=True, which op.torch does not "
+                f"support yet (its transposes per argument have no torch counterpart here); "
+                f"bind it without multilinear and give it jvp and vjp rules to use it from "
+                f"torch")
         args_tree, kw_tree, static, _, static_types, _ = key
         in_avals = tuple(ShapedArray(tuple(t.shape), np_dtype(op.name, t, f"positional input "
                                                               f"leaf {i}"))
