@@ -325,6 +325,30 @@ def test_errors():
         bad.torch("x")
 
 
+def test_in_place_functions_and_symbolic_zeros():
+    """out=True functions write into the output tensors' memory; symbolic_zeros rules get
+    None for a zero cotangent and ``needs`` for what is asked."""
+    def fn(x1, x2, *, out):
+        np.multiply(x1, x2 * x2, out=out)
+
+    seen = []
+
+    def vjp(p, ct, needs):
+        seen.append(needs)
+        return (p[1] ** 2 * ct if needs[0] else None, 2 * p[0] * p[1] * ct if needs[1] else None)
+
+    op = ab.bind(fn, shape=ab.like(0), out=True, vmap="vectorized", name="mul_inplace",
+                 jvp=lambda p, t: p[1] ** 2 * t[0] + 2 * p[0] * p[1] * t[1])
+    op.def_vjp(vjp, symbolic_zeros=True)
+    x1, x2 = to_torch((randn(3), randn(3, seed=1)))
+    torch.testing.assert_close(op.torch(x1, x2), x1 * x2**2)
+    torch.testing.assert_close(torch.vmap(op.torch)(x1[:, None], x2[:, None])[:, 0], x1 * x2**2)
+    g = torch.func.grad(lambda a: op.torch(a, x2).sum())(x1)
+    torch.testing.assert_close(g, x2**2)
+    assert seen[-1] == (True, False)
+    check_torch_first_order(op.torch, (x1, x2))
+
+
 def test_unsupported_kinds_of_op_raise():
     mlin = ab.bind(lambda x, y: x * y, shape=ab.like(0), multilinear=True, name="mlin",
                    transpose=(lambda p, ct: p[1] * ct, lambda p, ct: p[0] * ct))
