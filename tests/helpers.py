@@ -181,3 +181,87 @@ def run_fresh_python(script: str, cwd=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+# ------------------------------------------------------------ torch (optional)
+
+def to_torch(tree):
+    """NumPy/JAX leaves as torch tensors (same dtypes); other leaves unchanged."""
+    import torch
+    return jax.tree_util.tree_map(
+        lambda x: torch.from_numpy(np.array(x)) if isinstance(x, (np.ndarray, jax.Array))
+        else x, tree)
+
+
+def torch_inner(a, b) -> float:
+    """Σ over the floating leaves of Re⟨a, b⟩ = Re Σ conj(a)·b: torch's pairing of a
+    gradient with a tangent (torch's gradients of complex maps are conjugated)."""
+    import torch
+    total = 0.0
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        if x.is_floating_point() or x.is_complex():
+            total += float(torch.vdot(x.reshape(-1).to(torch.complex128),
+                                      y.reshape(-1).to(torch.complex128)).real)
+    return total
+
+
+def torch_randn_like(tree, seed: int = SEED):
+    """Random leaves like ``tree``'s floating ones; None for integer leaves."""
+    import torch
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    out = [torch.from_numpy(randn(tuple(l.shape), _TORCH_NP[l.dtype], seed=seed + i))
+           if (l.is_floating_point() or l.is_complex()) else None
+           for i, l in enumerate(leaves)]
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _torch_np():
+    try:
+        import torch
+    except ImportError:
+        return {}
+    return {torch.float32: np.float32, torch.float64: np.float64,
+            torch.complex64: np.complex64, torch.complex128: np.complex128}
+
+
+_TORCH_NP = _torch_np()
+
+
+def check_torch_first_order(f, args: tuple, seed: int = 1, rtol=1e-6, atol=1e-6):
+    """torch.func.jvp of f(*args) against central differences, torch.func.vjp against the
+    jvp (⟨ȳ, J·ẋ⟩ = ⟨x̄, ẋ⟩ in torch's conjugate pairing), and .backward() against vjp."""
+    import torch
+    dargs = torch_randn_like(args, seed)
+    zero = lambda t, d: torch.zeros_like(t) if d is None else d
+    dfull = jax.tree_util.tree_map(zero, args, dargs, is_leaf=lambda x: x is None)
+    out, tangent = torch.func.jvp(f, args, dfull)
+    eps = 1e-6 * max([1.0] + [float(l.abs().max()) for l in jax.tree_util.tree_leaves(args)
+                              if l.is_floating_point() or l.is_complex()])
+    shift = lambda s: jax.tree_util.tree_map(
+        lambda x, d: x + s * eps * d if (x.is_floating_point() or x.is_complex()) else x,
+        args, dfull)
+    fd = jax.tree_util.tree_map(lambda p, m: (p - m) / (2 * eps) if
+                                (p.is_floating_point() or p.is_complex()) else p,
+                                f(*shift(1.0)), f(*shift(-1.0)))
+    for t, d in zip(jax.tree_util.tree_leaves(tangent), jax.tree_util.tree_leaves(fd),
+                    strict=True):
+        if t.is_floating_point() or t.is_complex():
+            np.testing.assert_allclose(t.resolve_conj().numpy(), d.resolve_conj().numpy(),
+                                       rtol=rtol, atol=atol)
+    floats = lambda tree: [l for l in jax.tree_util.tree_leaves(tree)
+                           if l.is_floating_point() or l.is_complex()]
+    ybar = torch_randn_like(out, seed + 100)
+    g = lambda *a: tuple(floats(f(*a)))
+    _, pullback = torch.func.vjp(g, *args)
+    xbar = pullback(tuple(l for l in jax.tree_util.tree_leaves(ybar) if l is not None))
+    np.testing.assert_allclose(torch_inner(floats(ybar), floats(tangent)),
+                               torch_inner(floats(xbar), floats(dfull)), rtol=1e-9, atol=1e-9)
+    leaves = [l.detach().clone().requires_grad_() for l in floats(args)]
+    it = iter(leaves)
+    rebuilt = jax.tree_util.tree_map(
+        lambda x: next(it) if (x.is_floating_point() or x.is_complex()) else x, args)
+    outs = g(*rebuilt)
+    torch.autograd.backward(outs, [y for y in jax.tree_util.tree_leaves(ybar) if y is not None])
+    for l, x in zip(leaves, floats(xbar)):
+        np.testing.assert_allclose(l.grad.resolve_conj().numpy(), x.resolve_conj().numpy(),
+                                   rtol=1e-12, atol=1e-12)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from typing import Any, Callable, Literal, Union
 
 import jax
@@ -17,6 +18,13 @@ from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
 
 VmapMode = Union[Literal["sequential", "vectorized"], Callable[..., Any]]
 RuleVmap = Union[Literal["sequential", "vectorized"], Callable[..., Any], None]
+
+# Other frameworks' array types -> how an op runs on them (filled by a front end
+# when it is first used, e.g. torch.Tensor by ``_torch``), so that bound ops
+# called inside a rule on those arrays dispatch to that front end.
+FRONT_ENDS: dict = {}
+# Every live op by id(op), for front ends that can pass only numbers (torch.compile).
+LIVE_OPS: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()
 
 
 class Op:
@@ -107,6 +115,7 @@ class Op:
         elif transpose is not None:
             self.def_transpose(transpose, traced=traced)
         self._family = Family(self)
+        LIVE_OPS[id(self)] = self
 
     def __repr__(self) -> str:
         rules = [k for k in ("jvp", "vjp", "transpose", "vmap")
@@ -339,7 +348,31 @@ class Op:
 
     # ---------------------------------------------------------------- calls
 
+    @property
+    def torch(self):
+        """This op as a PyTorch operation (needs ``anybind[torch]``).
+
+        Same function, rules, pytrees and keywords, on torch tensors, under
+        autograd, ``torch.func`` and ``torch.compile``.
+
+        >>> import anybind as ab, numpy as np, torch
+        >>> cube = ab.bind(lambda x: x**3, shape=ab.like(0), name="cube",
+        ...                vjp=lambda p, ct: (3 * p[0]**2 * ct,), traced=False)
+        >>> x = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+        >>> cube.torch(x).backward(); x.grad
+        tensor(12., dtype=torch.float64)
+        """
+        front = self.__dict__.get("_torch_front")  # made by the first use (hot path)
+        if front is not None:
+            return front
+        from ._torch import torch_op
+        return torch_op(self)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if FRONT_ENDS:
+            front = _front_end(args, kwargs)
+            if front is not None:
+                return front(self, *args, **kwargs)
         operands, static = split_kwargs(self, kwargs)
         xs, args_tree = tree_util.tree_flatten(args)
         ks, kw_tree = tree_util.tree_flatten(operands)
@@ -401,6 +434,15 @@ class Op:
         with self._lock:
             self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
         return call
+
+
+def _front_end(args, kwargs):
+    """The front end whose arrays appear among the arguments, if any."""
+    for leaf in tree_util.tree_leaves((args, kwargs)):
+        for kind, front in FRONT_ENDS.items():
+            if isinstance(leaf, kind):
+                return front
+    return None
 
 
 def _as_operand(op: Op, x, what: str):

@@ -107,7 +107,7 @@ def _num(x: float | None) -> str:
 
 
 def check(op, *args: Any, rtol: float | None = None, atol: float | None = None,
-          seed: int = 0, **kwargs: Any) -> Report:
+          seed: int = 0, torch: bool = False, **kwargs: Any) -> Report:
     """Verify every rule of ``op`` numerically on example inputs; raise on the first error.
 
     Args:
@@ -119,6 +119,8 @@ def check(op, *args: Any, rtol: float | None = None, atol: float | None = None,
         precise floating dtype involved: √eps for finite differences, eps^⅔
         for identities exact in exact arithmetic (transposes, vmap, jit).
       seed: seed of the random tangents, cotangents and batch perturbations.
+      torch: also run the checks through ``op.torch`` (needs ``anybind[torch]``),
+        comparing its values and derivatives with the JAX op's.
 
     Returns:
       A ``Report``; ``print`` it for a table of check, status and error.
@@ -141,7 +143,11 @@ def check(op, *args: Any, rtol: float | None = None, atol: float | None = None,
                             f"examples=lambda: (args, kwargs)")
         args, kwargs = examples_of(op)
     ctx = Context(op, tuple(args), dict(kwargs), rtol, atol, seed)
-    for name, fn in _checks.CHECKS:
+    checks = list(_checks.CHECKS)
+    if torch:
+        from . import _torch_check
+        checks += _torch_check.CHECKS
+    for name, fn in checks:
         ctx.run_check(name, fn)
     return ctx.report
 

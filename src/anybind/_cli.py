@@ -52,6 +52,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--atol", type=float, default=None, help="absolute tolerance added")
     c.add_argument("--seed", type=int, default=0, help="seed of the random directions")
     c.add_argument("--x64", action="store_true", help="enable jax_enable_x64 first")
+    c.add_argument("--torch", action="store_true",
+                   help="also run the checks through op.torch (needs anybind[torch])")
     c.add_argument("--json", action="store_true", help="print the reports as JSON")
     d = sub.add_parser(
         "demo", help="run the transformation matrix on real NumPy/SciPy/ducc0 functions",
@@ -141,7 +143,8 @@ def check_command(args) -> int:
             summary.append((label, "skipped", "no examples= to check it with"))
             continue
         try:
-            report = check(op, rtol=args.rtol, atol=args.atol, seed=args.seed)
+            report = check(op, rtol=args.rtol, atol=args.atol, seed=args.seed,
+                           torch=args.torch)
             status, note = "ok", f"{sum(r.status == 'ok' for r in report.rows)} checks passed"
         except RuleError as e:
             report, status, note = e.report, "FAIL", str(e)
