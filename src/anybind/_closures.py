@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as _core
 
+from ._compiled import is_compiled
 from ._spec import Call, Rule, fmt_aval, to_aval
 
 
@@ -184,6 +185,8 @@ def check_host(op) -> None:
         if rule is not None and not rule.traced:
             pieces.append((ROLE_NAMES[kind], rule.fn))
     for what, fn in pieces:
+        if is_compiled(fn):  # compiled code closes over no Python values
+            continue
         found = _find_tracer(fn, "", 4, set())
         if found is not None:
             path, tracer = found
@@ -228,7 +231,7 @@ def _find_tracer(obj: Any, path: str, depth: int, seen: set):
     elif isinstance(obj, dict):
         items += [(f"{path}[{k!r}]" if path else f"[{k!r}]", v)
                   for k, v in list(obj.items())[:_MAX_ITEMS]]
-    elif hasattr(obj, "__dict__"):
+    elif isinstance(getattr(obj, "__dict__", None), dict):
         items += [(f"{path}.{k}" if path else k, v) for k, v in vars(obj).items()]
     for p, v in items[:_MAX_ITEMS]:
         found = _find_tracer(v, p, depth - 1, seen)
