@@ -122,6 +122,7 @@ class Op:
                  if getattr(self, f"{k}_rule") is not None]
         rules += [f"transpose in {i}" for i in sorted(self.transpose_rules)]
         kind = " linear" if self.linear else " multilinear" if self.multilinear else ""
+        kind += " symmetric" if self.symmetric else ""
         code = "traced" if self.traced else "compiled" if _compiled.is_compiled(self.fn) \
             else "host"
         return (f"<anybind op '{self.name}' {code}"
