@@ -165,12 +165,12 @@ def _adjoint_spec(map, *, nside: int, lmax: int, mmax=None, spin: int = 0, **_):
 
 def _example_alm():
     lmax = 5
-    return ((np.random.default_rng(0).normal(size=(1, n_real_alm(lmax))),),
+    return ((np.random.default_rng(0).normal(size=(2, 1, n_real_alm(lmax))),),
             {"nside": 2, "lmax": lmax})
 
 
 def _example_map():
-    return ((np.random.default_rng(0).normal(size=(2, 48)),),
+    return ((np.random.default_rng(0).normal(size=(2, 2, 48)),),
             {"nside": 2, "lmax": 4, "mmax": 3, "spin": 2})
 
 
