@@ -6,12 +6,14 @@ from jax._src import traceback_util as _traceback_util
 from ._api import Op, bind
 from ._check import RuleError, check
 from ._compiled import C_SIGNATURE, ctypes_signature, dtype_code, numba_signature
+from ._debug import debug
 from ._hostcall import HostError
 from ._roles import MissingRuleError
 from ._spec import like
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
-           "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code"]
+           "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
+           "debug"]
 __version__ = "0.1.0"
 
 _traceback_util.register_exclusion(_os.path.dirname(__file__))

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import tree_util
 
-from . import _closures, _compiled, _partition
+from . import _closures, _compiled, _debug, _partition
 from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
@@ -83,6 +83,7 @@ class Op:
         self.vmap: str = "sequential"
         self._vmap_declared = isinstance(vmap, str)
         self.vmap_rule: Rule | None = None
+        self.vmap_out_batched = None  # a host vmap rule's declared out_batched
         if vmap is None or vmap in ("sequential", "vectorized"):
             self.vmap = vmap or "sequential"
         elif callable(vmap):
@@ -248,7 +249,8 @@ class Op:
         """
         return self._set("bwd", rule, False, vmap=vmap)
 
-    def def_vmap(self, rule: Callable | None = None, *, traced: bool = False):
+    def def_vmap(self, rule: Callable | None = None, *, traced: bool = False,
+                 out_batched=None):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
 
         Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
@@ -256,8 +258,18 @@ class Op:
         keyword operands; ``out_batched`` is a bool or a pytree like ``out``.
         Unless the op was bound with ``vmap="sequential"`` or ``"vectorized"``,
         its host rules then batch in vectorized mode (see ``def_jvp``'s ``vmap``).
+        Outputs the rule returns unbatched leave ``vmap`` unbatched (so
+        ``out_axes=None`` works for them) when that is known while tracing: a
+        traced rule's is; a host rule's is known only when it runs, so declare
+        it here with ``out_batched=``: a bool, a pytree like the output, or a
+        callable of ``in_batched`` returning one (the rule may still return
+        batched outputs where the declaration says unbatched: that is an error).
         Usable as a decorator.
         """
+        if out_batched is not None and traced:
+            raise TypeError(f"anybind op '{self.name}': out_batched= is for host vmap rules; "
+                            f"a traced rule's out_batched is read while tracing")
+        self.vmap_out_batched = out_batched
         if not self._vmap_declared:
             self.vmap = "vectorized"
         return self._set("vmap", rule, traced)
@@ -275,6 +287,8 @@ class Op:
         call = self._calls.get(key)
         if call is None:
             call = self._make_call(*key)
+        if _debug.enabled():
+            call = call.debugging
         if call.closed or any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
             # inside shard_map: one set of varying axes
             ops = _partition.vary([*xs, *ks, *call.closed])
@@ -286,7 +300,7 @@ class Op:
                 err = pop_host_error(self, e)
                 if err is None:
                     raise
-                raise err from None
+                raise err from err.__cause__
         return tree_util.tree_unflatten(call.out_tree, outs)
 
     def _call_of(self, *args: Any, **kwargs: Any) -> Call:
