@@ -2,7 +2,7 @@
 """What an op costs to make, use once and drop (issue 9).
 
     python benchmarks/lifetime.py                 # bind + first call, and churn memory
-    python benchmarks/lifetime.py --compare SRC   # also churn memory of another checkout's src/
+    python benchmarks/lifetime.py --compare SRC   # the same for another checkout's src/
 
 Timing (round-robin, one sample = one fresh op or function, min and median):
 
@@ -140,23 +140,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--churn", type=int, default=400, help="ops made and dropped")
-    p.add_argument("--compare", type=Path, help="another checkout's src/ for churn memory")
+    p.add_argument("--compare", type=Path, help="another checkout's src/, measured the same way")
+    p.add_argument("--timing-child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
-    res = {"timing_ms": timing(a.repeats)}
-    print(f"bind + first call, ms per fresh op (min, median of {a.repeats}):")
-    for k, v in res["timing_ms"].items():
-        print(f"  {k:45s} {v['min_ms']:8.2f} {v['median_ms']:8.2f}")
+    if a.timing_child:  # PYTHONPATH picks the checkout
+        print(json.dumps(timing(a.repeats)))
+        return
     srcs = {"this checkout": ROOT / "src"}
     if a.compare:
         srcs[str(a.compare)] = a.compare
-    res["churn"] = {}
+    res = {}
     for label, src in srcs.items():
-        c = res["churn"][label] = churn(a.churn, src)
-        print(f"churn of {a.churn} ops ({label}): RSS +{c['rss_growth_mb']:.1f} MiB, "
-              f"rule-table entries +{c['table_entries_added']}, ops alive {c['ops_alive']}, "
+        env = {**os.environ, "PYTHONPATH": str(src)}
+        out = subprocess.run([sys.executable, __file__, "--timing-child", "--repeats",
+                              str(a.repeats)], capture_output=True, text=True, env=env,
+                             check=True)
+        t = json.loads(out.stdout.strip().splitlines()[-1])
+        c = churn(a.churn, src)
+        res[label] = {"timing_ms": t, "churn": c}
+        print(f"{label}: bind + first call, ms per fresh op (min, median of {a.repeats}):")
+        for k, v in t.items():
+            print(f"  {k:45s} {v['min_ms']:8.3f} {v['median_ms']:8.3f}")
+        print(f"  churn of {a.churn} ops: RSS +{c['rss_growth_mb']:.1f} MiB, rule-table "
+              f"entries +{c['table_entries_added']}, ops alive {c['ops_alive']}, "
               f"{c['seconds']:.1f} s")
-    print(json.dumps(res))
+    (HERE / "lifetime.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Any, Callable, Literal, Union
 import jax
 import jax.numpy as jnp
 from jax import tree_util
+from jax._src import config
 
 from . import _closures, _compiled, _debug, _partition
 from ._hostcall import pop_host_error
@@ -284,7 +285,7 @@ class Op:
         ks = [_as_operand(self, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
         key = (args_tree, kw_tree, static, tuple(to_aval(x) for x in xs),
                tuple(to_aval(k) for k in ks), tuple(type(v) for _, v in static))
-        call = self._calls.get(key)
+        call = self._calls.get((key, config.enable_x64.value))  # x64 decides declared dtypes
         if call is None:
             call = self._make_call(*key)
         if _debug.enabled():
@@ -336,7 +337,8 @@ class Op:
             _closures.check_host(self)
             call = _closures.convert(call)
         with self._lock:
-            self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
+            self._calls[((args_tree, kw_tree, static, in_avals, kw_avals, static_types),
+                         config.enable_x64.value)] = call
         return call
 
 

@@ -9,6 +9,7 @@ user's function and rules alive for as long as it exists.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import traceback
@@ -16,6 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import jax.ffi
+from jax._src import config
 
 from . import _debug, _impls, _lifetime
 from ._batching import declared_out_batched
@@ -41,8 +43,19 @@ _RECENT: dict = {}  # the last few HostErrors, by message
 _RECENT_LOCK = threading.Lock()
 
 
-def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool) -> np.ndarray:
-    """Check one returned value against the declared aval; never cast or broadcast silently."""
+_NARROWED = {np.dtype(w): np.dtype(n) for w, n in ((np.int64, np.int32), (np.uint64, np.uint32),
+                                                   (np.float64, np.float32),
+                                                   (np.complex128, np.complex64))}
+
+
+def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool,
+               narrow: bool = False) -> np.ndarray:
+    """Check one returned value against the declared aval; never cast or broadcast silently.
+
+    With ``narrow`` (x64 off: JAX narrowed the declared 64-bit dtype to 32
+    bits, as it narrows every array), a 64-bit result is narrowed the same way,
+    integers only where every value fits.
+    """
     if r is None:
         raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
                         f"{np.dtype(aval.dtype).name}{list(shape)}")
@@ -56,6 +69,13 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
         r = v
     else:
         r = np.asarray(r)
+    if narrow and _NARROWED.get(r.dtype) == aval.dtype:
+        v = r.astype(aval.dtype)
+        if r.dtype.kind in "iu" and not np.array_equal(v, r):
+            raise HostError(
+                f"anybind op '{call.op.name}': {what} has dtype {r.dtype} and values that "
+                f"{np.dtype(aval.dtype).name} (its declared dtype with x64 off) cannot hold")
+        r = v
     ok_shape = r.shape == shape or (allow_lead_one and r.shape == (1,) + shape[1:])
     if not ok_shape or r.dtype != aval.dtype:
         raise HostError(
@@ -130,6 +150,10 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
         if call.debug:
             runner = _debug.check_written(runner, call.op.name, role_name, out_names)
         return runner
+    # x64 off: 64-bit results narrow as JAX narrowed their declared dtypes (read here, while
+    # lowering, in the caller's context; the callback may run on another thread).
+    as_result = functools.partial(_as_result, narrow=not config.enable_x64.value)
+
     def what(j, b=None):
         row = "" if b is None else f" at batch index {b}"
         return f"the {role_name}'s {out_names[j]}{row}"
@@ -139,7 +163,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
     def store(o, r, j, shape, b=None, allow_lead_one=False):
         """Write one result, after checking it (cheaply when it is already right)."""
         if not (type(r) is np.ndarray and r.shape == shape and r.dtype == expected[j][1]):
-            r = _as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
+            r = as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
         o[...] = r
 
     if batch is None:
@@ -150,7 +174,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             def runner(ins, outs):
                 (r,) = run(*ins)
                 if not (type(r) is np.ndarray and (r.shape, r.dtype) == e):
-                    r = _as_result(call, what(0), r, out_avals[0], e[0], False)
+                    r = as_result(call, what(0), r, out_avals[0], e[0], False)
                 outs[0][...] = r
             return runner
 
@@ -183,7 +207,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 for j, e in checks:
                     r = res[j]
                     if not (isinstance(r, _ARRAYS) and r.shape == e[0] and r.dtype == e[1]):
-                        r = _as_result(call, what(j, b), r, out_avals[j], e[0], False)
+                        r = as_result(call, what(j, b), r, out_avals[j], e[0], False)
                     outs[j][b] = r
         return runner
 
@@ -201,7 +225,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                         f"for in_batched {batch.mask}")
         for j, (r, f, o) in enumerate(zip(leaves, flags, outs)):
             shape = ((size,) if f else ()) + expected[j][0]
-            o[...] = _as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
+            o[...] = as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
                                 shape, False)
     return runner
 
