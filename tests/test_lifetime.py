@@ -36,6 +36,15 @@ _CHURN = textwrap.dedent("""
         op(x).block_until_ready()
         jax.jit(jax.grad(lambda v: op(v).sum()))(x).block_until_ready()
 
+    def settle():  # XLA's threads let go of a finished program's callbacks soon after
+        for _ in range(100):
+            gc.collect()
+            ops = sum(type(o) is ab.Op for o in gc.get_objects())
+            if not ops:
+                break
+            time.sleep(0.05)
+        return ops
+
     def rss():
         gc.collect()
         try:
@@ -47,16 +56,11 @@ _CHURN = textwrap.dedent("""
     x = jnp.linspace(0.0, 1.0, 3)
     for i in range(5):  # JAX's own first-use allocations
         use(make(i), x)
-    before = rss()
-    tables = _lifetime.table_sizes()
+    settle()
+    before, tables = rss(), _lifetime.table_sizes()
     for i in range(int(sys.argv[1])):
         use(make(i), x)
-    for _ in range(100):  # XLA's threads let go of a finished program's callbacks soon after
-        gc.collect()
-        ops = sum(type(o) is ab.Op for o in gc.get_objects())
-        if not ops:
-            break
-        time.sleep(0.05)
+    ops = settle()
     after = rss()
     print(json.dumps(dict(grown=after - before, ops=ops, tables=tables,
                           tables_after=_lifetime.table_sizes())))
