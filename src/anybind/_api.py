@@ -313,7 +313,7 @@ class Op:
                                                  for x in xs),
                tuple(to_aval(_as_operand(self, k, "input")) for k in ks),
                tuple(type(v) for _, v in static))
-        return self._calls.get(key) or self._make_call(*key)
+        return self._calls.get((key, config.enable_x64.value)) or self._make_call(*key)
 
     def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals, static_types) -> Call:
         out_tree, out_avals, paths = infer_outputs(
