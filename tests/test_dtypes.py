@@ -211,3 +211,32 @@ def test_every_op_with_x64_off(name):
         got, want = t(case.op("vectorized"))(*args), t(case.reference())(*args)
         assert_tree_close(got, want, rtol=2e-5, atol=2e-5)
         assert all(l.dtype in (np.float32, np.complex64) for l in jax.tree.leaves(got))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "vectorized"])
+def test_64_bit_results_narrow_as_their_declared_dtypes_with_x64_off(mode):
+    """np.argsort returns int64; declared int64 is int32 with x64 off, and so is the result."""
+    op = ab.bind(lambda x: (np.sort(x, axis=-1), np.argsort(x, axis=-1).astype(np.int64)),
+                 shape=lambda x: (x, jax.ShapeDtypeStruct(x.shape, np.int64)), vmap=mode,
+                 name=f"argsort_{mode}")
+    x = randn((2, 5))
+    with jax.enable_x64(False):
+        for f in (op, jax.jit(op), jax.vmap(op)):
+            s, i = f(x)
+            assert (s.dtype, i.dtype) == (np.float32, np.int32)
+            np.testing.assert_array_equal(i, np.argsort(x.astype(np.float32), axis=-1))
+    big = ab.bind(lambda x: np.full(x.shape, 2**40, np.int64),
+                  shape=lambda x: jax.ShapeDtypeStruct(x.shape, np.int64), name="too_big")
+    with jax.enable_x64(False), pytest.raises(ab.HostError, match=r"'too_big'.*int64.*int32"):
+        big(x)
+
+
+def test_same_op_with_x64_off_then_on():
+    """The declared dtypes follow x64 at each call: a call made with x64 off is not reused."""
+    op = ab.bind(lambda x: np.argsort(x).astype(np.int64),
+                 shape=lambda x: jax.ShapeDtypeStruct(x.shape, np.int64), name="argsort_x64")
+    x = randn(4, np.float32)
+    with jax.enable_x64(False):
+        assert op(x).dtype == np.int32
+    with jax.enable_x64(True):
+        assert op(x).dtype == jax.jit(jax.checkpoint(op))(x).dtype == np.int64

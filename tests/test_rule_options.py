@@ -184,7 +184,18 @@ def test_fwd_bwd_under_vmap_and_forward_mode_uses_jvp(mode):
     log.clear()
     tj = jax.jvp(op, (a, b), (np.eye(3), b))[1]
     np.testing.assert_allclose(tj, jax.jvp(_solve_ref, (a, b), (np.eye(3), b))[1], rtol=1e-9)
-    assert "jvp" in log and "bwd" not in log  # (the primal may come from fwd or the function)
+    assert log == ["fn", "jvp"]  # forward mode keeps no residuals: the fwd rule never runs
+    log.clear()
+    jf = jax.jit(jax.jacfwd(op, argnums=1))(a, b)
+    np.testing.assert_allclose(jf, jax.jacfwd(_solve_ref, argnums=1)(a, b), rtol=1e-9)
+    assert "fwd" not in log and "bwd" not in log
+    log.clear()
+    along_b = lambda f: jax.vmap(lambda t: jax.jvp(f, (a, b), (np.zeros((3, 3)), t))[1])
+    assert_tree_close(jax.jit(along_b(op))(B), along_b(_solve_ref)(B), rtol=1e-9, atol=1e-9)
+    assert "fwd" not in log
+    log.clear()
+    _, lin = jax.linearize(op, a, b)  # linearize keeps them, for its transpose
+    assert log == ["fwd"]
     check_first_order(op, (a, b), rtol=1e-6, atol=1e-6)
 
 

@@ -9,8 +9,9 @@ from typing import Any, Callable, Literal, Union
 import jax
 import jax.numpy as jnp
 from jax import tree_util
+from jax._src import config
 
-from . import _closures, _compiled, _partition
+from . import _closures, _compiled, _debug, _partition
 from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._roles import check_symmetric
@@ -93,6 +94,7 @@ class Op:
         self.vmap: str = "sequential"
         self._vmap_declared = isinstance(vmap, str)
         self.vmap_rule: Rule | None = None
+        self.vmap_out_batched = None  # a host vmap rule's declared out_batched
         if vmap is None or vmap in ("sequential", "vectorized"):
             self.vmap = vmap or "sequential"
         elif callable(vmap):
@@ -328,7 +330,7 @@ class Op:
         return self._set("bwd", rule, False, vmap=vmap, out=out)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False,
-                 out: bool = False):
+                 out: bool = False, out_batched=None):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
 
         Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
@@ -336,6 +338,12 @@ class Op:
         keyword operands; ``out_batched`` is a bool or a pytree like ``out``.
         Unless the op was bound with ``vmap="sequential"`` or ``"vectorized"``,
         its host rules then batch in vectorized mode (see ``def_jvp``'s ``vmap``).
+        Outputs the rule returns unbatched leave ``vmap`` unbatched (so
+        ``out_axes=None`` works for them) when that is known while tracing: a
+        traced rule's is; a host rule's is known only when it runs, so declare
+        it here with ``out_batched=``: a bool, a pytree like the output, or a
+        callable of ``in_batched`` returning one (the rule may still return
+        batched outputs where the declaration says unbatched: that is an error).
         Usable as a decorator.
 
         ``out=True`` (host rules): called as ``rule(axis_size, in_batched, *args,
@@ -343,6 +351,10 @@ class Op:
         XLA's buffers, each with the batch axis (length ``axis_size``) at 0; the
         rule writes every element and returns None (every output is batched).
         """
+        if out_batched is not None and traced:
+            raise TypeError(f"anybind op '{self.name}': out_batched= is for host vmap rules; "
+                            f"a traced rule's out_batched is read while tracing")
+        self.vmap_out_batched = out_batched
         if not self._vmap_declared:
             self.vmap = "vectorized"
         return self._set("vmap", rule, traced, out=out)
@@ -381,9 +393,11 @@ class Op:
         ks = [_as_operand(self, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
         key = (args_tree, kw_tree, static, tuple(to_aval(x) for x in xs),
                tuple(to_aval(k) for k in ks), tuple(type(v) for _, v in static))
-        call = self._calls.get(key)
+        call = self._calls.get((key, config.enable_x64.value))  # x64 decides declared dtypes
         if call is None:
             call = self._make_call(*key)
+        if _debug.enabled():
+            call = call.debugging
         if call.closed or any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
             # inside shard_map: one set of varying axes
             ops = _partition.vary([*xs, *ks, *call.closed])
@@ -395,7 +409,7 @@ class Op:
                 err = pop_host_error(self, e)
                 if err is None:
                     raise
-                raise err from None
+                raise err from err.__cause__
         return tree_util.tree_unflatten(call.out_tree, outs)
 
     def _call_of(self, *args: Any, **kwargs: Any) -> Call:
@@ -407,7 +421,7 @@ class Op:
                                                  for x in xs),
                tuple(to_aval(_as_operand(self, k, "input")) for k in ks),
                tuple(type(v) for _, v in static))
-        return self._calls.get(key) or self._make_call(*key)
+        return self._calls.get((key, config.enable_x64.value)) or self._make_call(*key)
 
     def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals, static_types) -> Call:
         out_tree, out_avals, paths = infer_outputs(
@@ -433,7 +447,8 @@ class Op:
         if self.symmetric:
             check_symmetric(call)
         with self._lock:
-            self._calls[(args_tree, kw_tree, static, in_avals, kw_avals, static_types)] = call
+            self._calls[((args_tree, kw_tree, static, in_avals, kw_avals, static_types),
+                         config.enable_x64.value)] = call
         return call
 
 

@@ -16,8 +16,9 @@ from typing import Callable, Sequence
 import jax
 from jax import lax
 import jax.numpy as jnp
+import numpy as np
 
-from ._spec import Batch
+from ._spec import Batch, InBatched
 
 
 def vmapped(fn: Callable[..., list], mask: Sequence[bool], size: int) -> Callable[..., list]:
@@ -56,7 +57,92 @@ def batch_rule(prim, args, dims, *, batch: Batch | None, **params):
     outs = prim.bind(*[a for a, _ in merged], batch=new, **params)
     if old is not None:
         outs = [lax.reshape(o, (size, old) + o.shape[1:]) for o in outs]
-    return outs, [0] * len(outs)
+    flags = out_batched(prim, params["call"], new, params.get("lin"))
+    if flags is None:
+        return outs, [0] * len(outs)
+    # Outputs a vmap rule leaves unbatched are broadcast over the batch; take one row.
+    return ([o if f else o[0] for o, f in zip(outs, flags)],
+            [0 if f else None for f in flags])
+
+
+def in_batched(call, mask) -> InBatched:
+    """The ``in_batched`` a vmap rule (and an ``out_batched`` declaration) receives."""
+    n = call.n_in
+    flags = InBatched(call.args_tree.unflatten(mask[:n]))
+    flags.kwargs = call.kw_tree.unflatten(mask[n:])
+    return flags
+
+
+def out_batched(prim, call, batch: Batch, lin=None) -> list[bool] | None:
+    """Which outputs of the batched primitive vary over the batch, if known while tracing.
+
+    Known for the primal under a vmap rule: a traced rule is traced abstractly
+    to read its ``out_batched``; a host rule's is its ``out_batched=``
+    declaration. Also for its tangent: if output j is unbatched when the
+    inputs batched are those whose primal or tangent is, it depends only on
+    inputs unbatched in both, so ∂f_j(x)·ẋ is unbatched too. None (all
+    batched) otherwise.
+    """
+    op = call.op
+    if op.vmap_rule is None:
+        return None
+    if prim is op._family["jvp"] and not call.res_avals and lin is not None:
+        n = call.n_in + len(call.kw_avals)
+        tangent = iter(batch.mask[n:])
+        mask = list(batch.mask[:n])
+        for i, present in enumerate(lin):
+            mask[i] = mask[i] or (present and next(tangent))
+        flags = out_batched(op._family["primal"], call, Batch(batch.size, tuple(mask)))
+        return None if flags is None else [f for f, fl in zip(flags, call.float_out) if fl]
+    if prim is not op._family["primal"]:
+        return None
+    if op.vmap_rule.traced:
+        cache = op._family.out_batched
+        key = (call, batch)
+        if key not in cache:
+            cache[key] = _traced_out_batched(call, op.vmap_rule.fn, batch)
+        return cache[key]
+    return declared_out_batched(call, batch)
+
+
+def declared_out_batched(call, batch: Batch) -> list[bool] | None:
+    """A host vmap rule's declared ``out_batched`` for this batch, one bool per output leaf."""
+    decl = call.op.vmap_out_batched
+    if decl is None:
+        return None
+    if callable(decl):
+        decl = decl(in_batched(call, batch.mask))
+    return _flags(call, decl, "out_batched declaration")
+
+
+def _traced_out_batched(call, fn, batch: Batch) -> list[bool]:
+    from ._impls import call_vmap_rule
+    seen = []
+
+    def run(*ops):
+        leaves, flags = call_vmap_rule(call, fn, batch, ops)
+        seen.append(flags)
+        return leaves
+
+    lead = [(batch.size,) if m else (1,) for m in batch.mask]
+    jax.eval_shape(run, *[jax.ShapeDtypeStruct(l + a.shape, a.dtype) for l, a in
+                          zip(lead, call.in_avals + call.kw_avals)])
+    return _flags(call, seen[0], "vmap rule's out_batched")
+
+
+def _flags(call, flags, what: str) -> list[bool]:
+    if isinstance(flags, (bool, np.bool_)):
+        return [bool(flags)] * len(call.out_avals)
+    try:
+        leaves = call.out_tree.flatten_up_to(flags) if not isinstance(flags, list) or \
+            len(flags) != len(call.out_avals) else flags
+    except (ValueError, TypeError) as e:
+        raise TypeError(f"anybind op '{call.op.name}': the {what} {flags!r} does not match "
+                        f"the output's structure {call.out_tree} ({e})") from None
+    if not all(isinstance(f, (bool, np.bool_)) for f in leaves):
+        raise TypeError(f"anybind op '{call.op.name}': the {what} must hold Python bools "
+                        f"(known while tracing), got {leaves!r}")
+    return [bool(f) for f in leaves]
 
 
 def sum_unbatched(x, batched: bool):

@@ -12,11 +12,14 @@ is known to be zero leaves as ``ad.Zero``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-from jax._src import dtypes
+from jax._src import api_util, config, dtypes
+from jax._src import linear_util as lu
+from jax._src.interpreters import ad as _ad
 from jax.interpreters import ad
 
 from ._batching import sum_unbatched, vmapped
@@ -52,16 +55,20 @@ def _params(role, call, batch, lin, need) -> dict:
 
 # --------------------------------------------------------------------------- JVP
 
-def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None):
+def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
+             linearizing: bool = False):
     """(x, ẋ) ↦ (f(x), ∂f(x)·ẋ) for any primitive of the family.
 
     Zero tangents arrive as ``ad.Zero``; if all are zero the output tangents
-    leave as ``ad.Zero`` and no rule runs.
+    leave as ``ad.Zero`` and no rule runs. Forward mode (``jax.jvp``,
+    ``jacfwd``) never runs a fwd rule; ``linearizing`` (reverse mode and
+    ``linearize``, see ``linearize_rule``) runs it to keep its residuals.
     """
     fam = call.op._family
     params = _params(role, call, batch, lin, need)
     saved = []
-    if role == "primal" and uses_residuals(call):  # f and its residuals in one call
+    if role == "primal" and uses_residuals(call) and (
+            linearizing or not config.use_direct_linearize.value):  # f and residuals at once
         outs = fam["fwd"].bind(*primals, call=call, batch=batch)
         outs, saved = outs[:len(call.out_avals)], outs[len(call.out_avals):]
     else:
@@ -75,7 +82,8 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None)
     if any(i in lay.ks for i in sel):  # a closed-over value: JAX differentiates the code
         core = _traced_rule_tangent(role, call, lin, need, sel)
     elif role == "primal" and not call.op.linear:
-        core = _primal_tangent(fam, call, tuple(i in sel for i in range(call.n_in)))
+        tcall = call if saved or not uses_residuals(call) else call.without_residuals
+        core = _primal_tangent(fam, tcall, tuple(i in sel for i in range(call.n_in)))
     elif any(i in lay.nonlin for i in sel):
         core = _traced_rule_tangent(role, call, lin, need, sel)
     else:
@@ -115,6 +123,21 @@ def _jax_differentiates(role, call: Call) -> bool:
     op = call.op
     return (role == "primal" and op.traced and op.jvp_rule is None and op.vjp_rule is None
             and op.transpose_rule is None and op.fwd_rule is None)
+
+
+def linearize_rule(role, is_vjp, nonzeros, *primals, **params):
+    """Linearization (vjp, grad, linearize): the JVP, with the fwd rule's residuals.
+
+    JAX's own fallback is ``linearize_from_jvp`` of the primitive's JVP rule;
+    this one differs only in that an op with ``def_fwd``/``def_bwd`` computes
+    f and its residuals in one fwd call, for its tangent's transpose (the bwd
+    rule) to use.
+    """
+    del is_vjp
+    jvp = functools.partial(jvp_rule, role, linearizing=True)
+    dbg = api_util.debug_info("linearize_prim_jvp", jvp, primals, params)
+    return _ad.linearize_from_jvp(lu.wrap_init(jvp, debug_info=dbg), True, nonzeros, False,
+                                 False, primals, params)
 
 
 def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:

@@ -9,12 +9,18 @@ user's function and rules alive for as long as it exists.
 """
 from __future__ import annotations
 
+import functools
+import os
+import threading
+import traceback
 from typing import Callable, Sequence
 
 import numpy as np
 import jax.ffi
+from jax._src import config
 
-from . import _impls, _inplace
+from . import _debug, _impls, _inplace, _lifetime
+from ._batching import declared_out_batched
 from ._spec import Batch, Call, Rule
 
 _TARGETS = {"cpu": "xla_buffer_python_cpu_callback"}
@@ -22,11 +28,34 @@ _ARRAYS = (np.ndarray, np.generic)  # NumPy returns scalars from operations on 0
 
 
 class HostError(RuntimeError):
-    """An error raised by, or about, host code while a compiled program ran."""
+    """An error raised by, or about, host code while a compiled program ran.
+
+    An eager call raises it itself, with the user's exception as its cause.
+    Inside ``jit`` XLA turns it into ``jax.errors.JaxRuntimeError``, whose
+    message ends with ``HostError: anybind op '…': …`` (see the README);
+    ``with ab.debug():`` re-raises the HostError itself there too.
+    """
 
 
-def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool) -> np.ndarray:
-    """Check one returned value against the declared aval; never cast or broadcast silently."""
+HostError.__module__ = "anybind"  # as users name it: anybind.HostError
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_RECENT: dict = {}  # the last few HostErrors, by message
+_RECENT_LOCK = threading.Lock()
+
+
+_NARROWED = {np.dtype(w): np.dtype(n) for w, n in ((np.int64, np.int32), (np.uint64, np.uint32),
+                                                   (np.float64, np.float32),
+                                                   (np.complex128, np.complex64))}
+
+
+def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool,
+               narrow: bool = False) -> np.ndarray:
+    """Check one returned value against the declared aval; never cast or broadcast silently.
+
+    With ``narrow`` (x64 off: JAX narrowed the declared 64-bit dtype to 32
+    bits, as it narrows every array), a 64-bit result is narrowed the same way,
+    integers only where every value fits.
+    """
     if r is None:
         raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
                         f"{np.dtype(aval.dtype).name}{list(shape)}")
@@ -40,6 +69,13 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
         r = v
     else:
         r = np.asarray(r)
+    if narrow and _NARROWED.get(r.dtype) == aval.dtype:
+        v = r.astype(aval.dtype)
+        if r.dtype.kind in "iu" and not np.array_equal(v, r):
+            raise HostError(
+                f"anybind op '{call.op.name}': {what} has dtype {r.dtype} and values that "
+                f"{np.dtype(aval.dtype).name} (its declared dtype with x64 off) cannot hold")
+        r = v
     ok_shape = r.shape == shape or (allow_lead_one and r.shape == (1,) + shape[1:])
     if not ok_shape or r.dtype != aval.dtype:
         raise HostError(
@@ -59,6 +95,31 @@ def remember_host_error(op, err: HostError) -> None:
         errors[str(err)] = err
         while len(errors) > 64:  # errors of jitted calls are never collected by a caller
             errors.pop(next(iter(errors)))
+    with _RECENT_LOCK:  # for ab.debug(), which re-raises them from jitted calls too
+        _RECENT.pop(str(err), None)
+        _RECENT[str(err)] = err
+        while len(_RECENT) > 8:
+            _RECENT.pop(next(iter(_RECENT)))
+
+
+def _where(e: BaseException) -> str:
+    """Where the user's code raised: the outermost frame below anybind's own."""
+    frames = traceback.extract_tb(e.__traceback__)
+    inside = [i for i, f in enumerate(frames) if f.filename.startswith(_PACKAGE)]
+    if not inside or inside[-1] + 1 >= len(frames):
+        return ""
+    f = frames[inside[-1] + 1]
+    return f" (in {f.name}, {f.filename}:{f.lineno})"
+
+
+def find_host_error(runtime_error: BaseException) -> HostError | None:
+    """The HostError whose message a runtime error of a compiled program carries, if recent."""
+    text = str(runtime_error)
+    with _RECENT_LOCK:
+        for msg in reversed(_RECENT):
+            if msg in text:
+                return _RECENT[msg]
+    return None
 
 
 def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
@@ -91,7 +152,14 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                      inplace: bool = False) -> Callable:
     """Returns ``runner(inputs, outputs)`` that fills the output arrays in place."""
     if inplace:  # the user's function writes into XLA's output buffers itself
-        return _inplace_runner(call, make_run, batch, mode)
+        runner = _inplace_runner(call, make_run, batch, mode)
+        if call.debug:
+            runner = _debug.check_written(runner, call.op.name, role_name, out_names)
+        return runner
+    # x64 off: 64-bit results narrow as JAX narrowed their declared dtypes (read here, while
+    # lowering, in the caller's context; the callback may run on another thread).
+    as_result = functools.partial(_as_result, narrow=not config.enable_x64.value)
+
     def what(j, b=None):
         row = "" if b is None else f" at batch index {b}"
         return f"the {role_name}'s {out_names[j]}{row}"
@@ -101,7 +169,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
     def store(o, r, j, shape, b=None, allow_lead_one=False):
         """Write one result, after checking it (cheaply when it is already right)."""
         if not (type(r) is np.ndarray and r.shape == shape and r.dtype == expected[j][1]):
-            r = _as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
+            r = as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
         o[...] = r
 
     if batch is None:
@@ -112,7 +180,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             def runner(ins, outs):
                 (r,) = run(*ins)
                 if not (type(r) is np.ndarray and (r.shape, r.dtype) == e):
-                    r = _as_result(call, what(0), r, out_avals[0], e[0], False)
+                    r = as_result(call, what(0), r, out_avals[0], e[0], False)
                 outs[0][...] = r
             return runner
 
@@ -123,7 +191,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             for j, shape, dtype in checks:
                 r = res[j]
                 if not (type(r) is np.ndarray and r.shape == shape and r.dtype == dtype):
-                    r = _as_result(call, what(j), r, out_avals[j], shape, False)
+                    r = as_result(call, what(j), r, out_avals[j], shape, False)
                 outs[j][...] = r
         return runner
 
@@ -151,16 +219,25 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 for j, e in checks:
                     r = res[j]
                     if not (isinstance(r, _ARRAYS) and r.shape == e[0] and r.dtype == e[1]):
-                        r = _as_result(call, what(j, b), r, out_avals[j], e[0], False)
+                        r = as_result(call, what(j, b), r, out_avals[j], e[0], False)
                     outs[j][b] = r
         return runner
 
     # A user vmap rule for the primal function.
+    declared = declared_out_batched(call, batch)
+
     def runner(ins, outs):
         leaves, flags = _impls.call_vmap_rule(call, mode.fn, batch, ins)
+        if declared is not None:
+            for j, (f, d) in enumerate(zip(flags, declared)):
+                if f and not d:
+                    raise HostError(
+                        f"anybind op '{call.op.name}': the vmap rule returned {out_names[j]} "
+                        f"batched, but its out_batched= declaration says it is unbatched "
+                        f"for in_batched {batch.mask}")
         for j, (r, f, o) in enumerate(zip(leaves, flags, outs)):
             shape = ((size,) if f else ()) + expected[j][0]
-            o[...] = _as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
+            o[...] = as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
                                 shape, False)
     return runner
 
@@ -202,18 +279,24 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
 def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> Callable:
     """The callback XLA calls with its buffers: runs ``runner``, keeps a failure's HostError."""
     op_name, op = call.op.name, call.op
+    views = _debug.inputs if call.debug else _in_views
 
     def callback(exec_ctx, *buffers):
         del exec_ctx
         n = len(buffers) - n_out
         try:
-            runner(_in_views(buffers[:n]), [b.__array__() for b in buffers[n:]])
+            runner(views(buffers[:n]), [b.__array__() for b in buffers[n:]])
         except Exception as e:
+            # Under jit only the message and the frames above this one reach the caller
+            # (XLA drops the cause and notes), so the message says where the user's code
+            # failed and the traceback stops here; the cause keeps the whole story.
             if not isinstance(e, HostError):
-                e = HostError(f"anybind op '{op_name}': the {role_name} raised "
-                              f"{type(e).__name__}: {e}").with_traceback(e.__traceback__)
+                err = HostError(f"anybind op '{op_name}': the {role_name} raised "
+                                f"{type(e).__name__}: {e}{_where(e)}")
+                err.__cause__ = e
+                e = err
             remember_host_error(op, e)
-            raise e
+            raise e.with_traceback(None)
         return ()
     return callback
 
@@ -227,7 +310,7 @@ def register(ctx, call: Call, role_name: str, callback: Callable) -> np.uint64:
             f"jax.export cannot serialise; bind a compiled function (a Numba @cfunc, a "
             f"ctypes or cffi function of anybind's C calling convention) or a traced one "
             f"to export programs that use it")
-    ctx.module_context.add_host_callback(callback)
+    ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))
     return np.uint64(len(ctx.module_context.host_callbacks) - 1)
 
 

@@ -29,9 +29,10 @@ from jax.core import ShapedArray
 from jax.interpreters import ad, batching, mlir
 
 from jax._src import dispatch, effects
+from jax._src.interpreters import ad as _ad
 
 from . import (_batching, _closures, _compiled, _derivatives, _hostcall, _impls,
-               _multilinear, _partition)
+               _lifetime, _multilinear, _partition)
 from ._roles import (ROLES, MissingRuleError, make_run, missing_rule_message, traced_run,
                      out_avals, out_names, role_name, rule_of)
 from ._spec import Batch, Call, Rule
@@ -54,45 +55,39 @@ class Family:
     """The primitives of one op, with every rule registered right here.
 
     The registered rules find the op through their ``call`` parameter, never
-    through a reference of their own, so an op that nothing uses any more (no
-    Python reference, no live program) is collected with what it closes over.
+    through a reference of their own, and eager calls compile into the op's
+    own cache, so an op that nothing uses any more (no Python reference, no
+    live program) is collected with what it closes over (see ``_lifetime``).
     """
 
     def __init__(self, op):
         base = op.name
         self.prims = {}
+        self.eager = _lifetime.EagerCache()
+        self.out_batched = {}  # (call, batch) -> a traced vmap rule's out_batched
         for role in ROLES:
             name = base if role == "primal" else f"{base}_{role}"
             prim = jcore.Primitive(name)
             prim.multiple_results = True
-            prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
+            prim.def_impl(functools.partial(_lifetime.eager_impl, prim))
             prim.def_effectful_abstract_eval(functools.partial(_abstract_eval, role))
             mlir.register_lowering(prim, functools.partial(_lower, role))
             rules = _multilinear if op.multilinear and role in ("primal", "transpose") \
                 else _derivatives  # a multilinear op's f and f_transpose: see _multilinear
             ad.primitive_jvps[prim] = functools.partial(rules.jvp_rule, role)
             ad.primitive_transposes[prim] = functools.partial(rules.transpose_rule, role)
+            if role == "primal" and rules is _derivatives:  # keeps a fwd rule's residuals
+                _ad.primitive_linearizations[prim] = functools.partial(
+                    _derivatives.linearize_rule, role)
             batching.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
             if op.shard is not None:  # lowered per shard: needs the devices (_partition)
                 dispatch.prim_requires_devices_during_lowering.add(prim)
             self.prims[role] = prim
-        weakref.finalize(op, _unregister, tuple(self.prims.values()))
+        weakref.finalize(op, _lifetime.unregister, tuple(self.prims.values()))
 
     def __getitem__(self, role: str):
         return self.prims[role]
 
-
-def _unregister(prims) -> None:
-    """Drop a collected op's primitives from JAX's rule tables."""
-    from jax._src.interpreters import mlir as _mlir
-    for prim in prims:
-        for table in (ad.primitive_jvps, ad.primitive_transposes, batching.primitive_batchers,
-                      _mlir._lowerings):
-            try:
-                del table[prim]
-            except (KeyError, TypeError, AttributeError):
-                pass
-        dispatch.prim_requires_devices_during_lowering.discard(prim)
 
 
 def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need=None):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -78,8 +79,14 @@ def fmt_aval(a) -> str:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class Call:
-    """One call signature of an op: structure, avals and static keywords."""
-    op: Any  # the Op; hashed by identity
+    """One call signature of an op: structure, avals and static keywords.
+
+    It holds its op (``op_ref``) strongly, so a jaxpr that uses the op keeps it
+    alive, except in the twin that an op's own eager programs carry
+    (``weak()``), which holds it weakly; both compare and hash alike, by the
+    op's token, never reused.
+    """
+    op_ref: Any = dataclasses.field(compare=False)  # the Op, or a weakref.ref to it
     args_tree: Any  # treedef of the tuple of positional arguments
     kw_tree: Any  # treedef of the dict of keyword operands
     static: tuple  # sorted (name, value) pairs of static keywords
@@ -98,6 +105,37 @@ class Call:
     n_closure: int = 0
     closed: tuple = dataclasses.field(default=(), compare=False, hash=False)
     converted: Any = dataclasses.field(default=None, compare=False, hash=False)
+    debug: bool = False  # made in debug mode (see _debug): its programs check more
+    op_token: int = -1  # the op's identity, for comparison and hashing; set from op_ref
+
+    def __post_init__(self):
+        if self.op_token == -1:
+            object.__setattr__(self, "op_token", self.op._family.eager.token)
+
+    @property
+    def op(self):
+        op = self.op_ref
+        if type(op) is weakref.ref:
+            op = op()
+            if op is None:
+                raise ReferenceError(
+                    "an anybind op was garbage collected while a program of its own eager "
+                    "cache was being traced; keep a reference to the op")
+        return op
+
+    @functools.cached_property
+    def without_residuals(self) -> "Call":
+        """This call as if the op had no fwd/bwd rules: forward mode's, which keeps none."""
+        return dataclasses.replace(self, res_tree=None, res_avals=())
+
+    @functools.cached_property
+    def debugging(self) -> "Call":
+        """This call in debug mode: a different primitive parameter, so a different program."""
+        return dataclasses.replace(self, debug=True)
+
+    def weak(self) -> "Call":
+        """This call, holding its op weakly (see ``_lifetime``)."""
+        return dataclasses.replace(self, op_ref=weakref.ref(self.op))
 
     @property
     def n_in(self) -> int:
@@ -127,12 +165,20 @@ class Call:
 
     @functools.cached_property
     def _hash(self) -> int:
-        return hash((self.op, self.args_tree, self.kw_tree, self.static, self.in_avals,
+        return hash((self.op_token, self.args_tree, self.kw_tree, self.static, self.in_avals,
                      self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
-                     self.res_avals, self.static_types, self.version, self.n_closure))
+                     self.res_avals, self.static_types, self.version, self.n_closure,
+                     self.debug))
 
     def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
         return self._hash
+
+    def __eq__(self, other) -> bool:  # the op first: other ops' fields may not compare
+        if self is other:
+            return True
+        if type(other) is not Call or self.op_token != other.op_token:
+            return False
+        return all(_same(getattr(self, f), getattr(other, f)) for f in _COMPARED)
 
     @functools.cached_property
     def _flat_args(self) -> bool:
@@ -191,6 +237,18 @@ class Call:
     def out_name(self, j: int) -> str:
         path = self.out_paths[j]
         return f"output {j}" + (f" ({path})" if path else "")
+
+
+def _same(a, b) -> bool:
+    """``a == b``, where a PyTreeDef may meet None (a treedef refuses that comparison)."""
+    if a is None or b is None:
+        return a is b
+    return a == b
+
+
+# The rules version first: a call made before def_fwd has no residual tree to compare.
+_COMPARED = ("version",) + tuple(f.name for f in dataclasses.fields(Call)
+                                 if f.compare and f.name not in ("op_token", "version"))
 
 
 @dataclasses.dataclass(frozen=True)
