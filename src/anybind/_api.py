@@ -441,11 +441,16 @@ class Op:
                     out_avals, paths, kw_paths, res_tree, res_avals, static_types, self._version)
         if self.shard is not None:
             _partition.factors_of(call)  # the rule must fit: a TypeError at the first call
+        nested = False
         if _closures.under_trace():  # the op's code may close over tracers of this trace
             _closures.check_host(self)
-            call = _closures.convert(call)
+            nested = _closures.converting(self)  # its own rule, traced: not again
+            if not nested:
+                call = _closures.convert(call)
         if self.symmetric:
             check_symmetric(call)
+        if nested:  # not kept: a later call of this signature converts for itself
+            return call
         with self._lock:
             self._calls[((args_tree, kw_tree, static, in_avals, kw_avals, static_types),
                          config.enable_x64.value)] = call

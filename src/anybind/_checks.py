@@ -211,7 +211,8 @@ def shard(ctx) -> None:
                     ctx.out_names + [n_ for n_, d in zip(ctx.out_names, out_axes) if d is None],
                     hint=hint)
     if not cases:
-        ctx.skip("shard", "no factor of the rule splits these examples (size 2 or more)")
+        ctx.skip("shard", "no factor of the rule splits these examples (size 2 or more)"
+                 if slicings(call) else "the rule splits no factor: the op runs whole")
 
 
 def jit(ctx) -> None:

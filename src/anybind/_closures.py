@@ -21,7 +21,14 @@ piece                  what it does
                        jaxpr with closed-over values taken from the operands,
                        absent linear operands as zeros, unneeded outputs dropped
 ``check_host(op)``     host code cannot see tracers: a clear error at the call
+``converting(op)``     whether the op's own code is being traced by ``convert``
 =====================  ==========================================================
+
+A rule may call its own op on new shapes (a jvp that stacks tangents and calls
+the op on the stack). Tracing that rule calls the op again, and converting
+that call would trace the rule again on a larger stack, without end; so a call
+made while its op is being converted is not converted itself (``converting``).
+Such an op may not close over tracers: its inner calls would keep them.
 
 Recorded on full operands, a ``symbolic_zeros`` rule of such an op sees zero
 arrays rather than ``None``. A tangent reaching a closed-over value is
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import types
 from typing import Any, Callable
 
@@ -86,8 +94,30 @@ class _Slot(int):
     """A jaxpr constant that is closed-over value number ``self``."""
 
 
+_ACTIVE = threading.local()  # per thread: id of each op whose code convert() traces ->
+#                               whether that code called the op itself
+
+
+def converting(op) -> bool:
+    """Whether ``convert`` is tracing this op's code now (its rules call the op itself)."""
+    active = getattr(_ACTIVE, "ops", {})
+    if id(op) not in active:
+        return False
+    active[id(op)] = True
+    return True
+
+
 def convert(call: Call) -> Call:
     """Trace the op's traced code at this call; hoist the tracers it closes over."""
+    active = _ACTIVE.__dict__.setdefault("ops", {})
+    active[id(call.op)] = False
+    try:
+        return _convert(call, active)
+    finally:
+        del active[id(call.op)]
+
+
+def _convert(call: Call, active: dict) -> Call:
     from ._roles import traced_run
     jaxprs, closed, index = {}, [], {}
     for role in _pieces(call):
@@ -112,6 +142,7 @@ def convert(call: Call) -> Call:
     if not closed:
         return call
     unsupported = ("multilinear" if call.op.multilinear  # per-argument transposes
+                   else "called by its own rules" if active[id(call.op)]  # not hoisted there
                    else "sharded (shard=)" if call.op.shard is not None else None)
     if unsupported:
         raise TypeError(

@@ -156,7 +156,7 @@ def _example(kind: str):
     r = np.random.default_rng(0)
     coord = r.uniform(-np.pi, np.pi, size=(7, 2))
     if kind == "nu2u":
-        return (r.normal(size=7) + 1j * r.normal(size=7), coord), {"n_modes": (4, 5)}
+        return (r.normal(size=(2, 7)) + 1j * r.normal(size=(2, 7)), coord), {"n_modes": (4, 5)}
     return (r.normal(size=(4, 5)) + 1j * r.normal(size=(4, 5)), coord), {"forward": False}
 
 
