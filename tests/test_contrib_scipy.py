@@ -22,7 +22,9 @@ OPS = [name for name in sj.__all__ if isinstance(getattr(sj, name), ab.Op)]
 @pytest.mark.parametrize("name", OPS)
 def test_ab_check_passes_on_examples(name):
     report = ab.check(getattr(sj, name))
-    assert report.ok and not [r for r in report.rows if r.status == "skipped"], str(report)
+    skipped = [r for r in report.rows if r.status == "skipped"
+               and r.note != "the rule splits no factor: the op runs whole"]
+    assert report.ok and not skipped, str(report)
 
 
 def test_docstring_examples_run():

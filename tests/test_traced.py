@@ -135,7 +135,7 @@ def test_custom_vmap_rule_with_grad():
     op.def_jvp(lambda p, t: jnp.cos(p[0]) * t[0], traced=True)
     X = randn((4, 3))
     np.testing.assert_allclose(jax.vmap(op)(X), np.sin(X), **TOL)
-    assert calls == [4]
+    assert calls and set(calls) == {4}  # the rule batched it (traced again for out_batched)
     g1, g2, h = jax.jit(lambda X: (jax.grad(lambda X: jax.vmap(op)(X).sum())(X),
                                    jax.vmap(jax.grad(lambda x: op(x).sum()))(X),
                                    jax.vmap(jax.hessian(lambda x: op(x).sum()))(X)))(X)
