@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jax import tree_util
 from jax._src import config
 
-from . import _closures, _compiled, _debug, _partition
+from . import _closures, _compiled, _debug, _gpu, _partition
 from ._hostcall import pop_host_error
 from ._primitive import Family
 from ._roles import check_symmetric
@@ -45,7 +45,8 @@ class Op:
                  vmap: VmapMode, traced: bool, has_side_effect: bool, name: str | None,
                  examples: Callable[[], tuple] | None = None, out: bool = False,
                  multilinear: bool = False, shard: str | None = None,
-                 replicated: tuple[str, ...] = (), symmetric: bool = False):
+                 replicated: tuple[str, ...] = (), symmetric: bool = False,
+                 device: bool = False, host: Callable | None = None):
         if not callable(fn):
             raise TypeError(f"ab.bind expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -65,6 +66,8 @@ class Op:
                             f"argument separately) and linear={linear!r} exclude each other")
         self.transpose_rules: dict = {}  # argnum -> Rule, for a multilinear op
         self.traced = bool(traced)
+        _gpu.check_declaration(self.name, "ab.bind", traced, device, host)
+        self.device, self.host = bool(device), host  # GPU code, and its host fallback
         self.symmetric = bool(symmetric)  # ∂f(x) = ∂f(x)ᵀ: the jvp rule serves as the vjp
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
@@ -98,14 +101,14 @@ class Op:
         if vmap is None or vmap in ("sequential", "vectorized"):
             self.vmap = vmap or "sequential"
         elif callable(vmap):
-            self.def_vmap(vmap, traced=traced)
+            self.def_vmap(vmap, traced=traced, device=device)
         else:
             raise ValueError(f"anybind op '{self.name}': vmap must be 'sequential', "
                              f"'vectorized' or a rule, got {vmap!r}")
         if jvp is not None:
-            self.def_jvp(jvp, traced=traced)
+            self.def_jvp(jvp, traced=traced, device=device)
         if vjp is not None:
-            self.def_vjp(vjp, traced=traced)
+            self.def_vjp(vjp, traced=traced, device=device)
         if transpose is not None and self.multilinear:
             if not isinstance(transpose, (tuple, list)):
                 raise TypeError(f"anybind op '{self.name}' is multilinear: transpose= takes a "
@@ -113,9 +116,9 @@ class Op:
                                 f"there is none), got {type(transpose).__name__}")
             for i, t in enumerate(transpose):
                 if t is not None:
-                    self.def_transpose(t, traced=traced, argnum=i)
+                    self.def_transpose(t, traced=traced, argnum=i, device=device)
         elif transpose is not None:
-            self.def_transpose(transpose, traced=traced)
+            self.def_transpose(transpose, traced=traced, device=device)
         self._family = Family(self)
         LIVE_OPS[id(self)] = self
 
@@ -126,7 +129,7 @@ class Op:
         kind = " linear" if self.linear else " multilinear" if self.multilinear else ""
         kind += " symmetric" if self.symmetric else ""
         code = "traced" if self.traced else "compiled" if _compiled.is_compiled(self.fn) \
-            else "host"
+            else "device" if self.device else "host"
         return (f"<anybind op '{self.name}' {code}"
                 f"{kind} rules={rules} vmap={self.vmap!r}>")
 
@@ -134,7 +137,7 @@ class Op:
 
     def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False,
              input_shapes: bool = False, vmap=None, argnum: int | None = None,
-             out: bool = False):
+             out: bool = False, device: bool = False, host: Callable | None = None):
         if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
             raise ValueError(f"anybind op '{self.name}': def_{kind}'s vmap must be "
                              f"'sequential', 'vectorized', a host function with the rule's "
@@ -148,6 +151,7 @@ class Op:
         if out and traced:
             raise TypeError(f"anybind op '{self.name}': def_{kind}(out=True) is for host rules "
                             f"that write into preallocated outputs; a traced rule returns them")
+        _gpu.check_declaration(self.name, f"def_{kind}", traced, device, host)
 
         def register(r):
             if not callable(r):
@@ -161,7 +165,7 @@ class Op:
                                 f"Python host rules; a compiled rule always writes into "
                                 f"XLA's buffers (anybind's C calling convention)")
             made = Rule(r, bool(traced), bool(symbolic_zeros), bool(input_shapes), vmap,
-                        bool(out))
+                        bool(out), bool(device), host)
             if argnum is None:
                 setattr(self, f"{kind}_rule", made)
             else:
@@ -175,7 +179,7 @@ class Op:
 
     def def_jvp(self, rule: Callable | None = None, *, traced: bool = False,
                 symbolic_zeros: bool = False, vmap: RuleVmap = None,
-                out: bool = False):
+                out: bool = False, device: bool = False, host: Callable | None = None):
         """Set the JVP rule ``jvp(primals, tangents, **kw) -> output tangent(s)``.
 
         Computes ∂f(x)·ẋ. ``primals`` and ``tangents`` are tuples matching the
@@ -197,6 +201,9 @@ class Op:
         every element and returns None, and nothing is copied. A batched variant
         given as ``vmap`` is called the same way, on the batched buffers.
 
+        ``device=True`` (for every ``def_*`` rule): GPU code on CuPy arrays, as
+        for ``ab.bind``; ``host`` is its fallback in programs for the CPU.
+
         >>> import anybind as ab, numpy as np, jax
         >>> sq = ab.bind(np.square, shape=ab.like(0), name="sq")
         >>> @sq.def_jvp(out=True)
@@ -206,11 +213,12 @@ class Op:
         >>> float(jax.jvp(sq, (3.0,), (1.0,))[1])
         6.0
         """
-        return self._set("jvp", rule, traced, symbolic_zeros, vmap=vmap, out=out)
+        return self._set("jvp", rule, traced, symbolic_zeros, vmap=vmap, out=out,
+                         device=device, host=host)
 
     def def_vjp(self, rule: Callable | None = None, *, traced: bool = False,
                 symbolic_zeros: bool = False, vmap: RuleVmap = None,
-                out: bool = False):
+                out: bool = False, device: bool = False, host: Callable | None = None):
         """Set the VJP rule ``vjp(primals, cotangent, **kw) -> tuple``.
 
         Computes ∂f(x)ᵀ·ȳ: one cotangent per positional argument (a pytree like
@@ -242,12 +250,14 @@ class Op:
         >>> jax.grad(lambda a, b: mul(a, b).sum(), argnums=1)(jnp.ones(2), jnp.full(2, 3.0))
         Array([6., 6.], dtype=float32)
         """
-        return self._set("vjp", rule, traced, symbolic_zeros, vmap=vmap, out=out)
+        return self._set("vjp", rule, traced, symbolic_zeros, vmap=vmap, out=out,
+                         device=device, host=host)
 
     def def_transpose(self, rule: Callable | None = None, *, traced: bool = False,
                       symbolic_zeros: bool = False, input_shapes: bool = False,
                       vmap: RuleVmap = None, argnum: int | None = None,
-                      out: bool = False):
+                      out: bool = False, device: bool = False,
+                      host: Callable | None = None):
         """Set the transpose ``transpose(cotangent, **kw) -> tuple`` of a ``linear=True`` op.
 
         Computes Aᵀ·ȳ for f(x) = A·x: one cotangent per positional argument
@@ -293,7 +303,8 @@ class Op:
                 raise TypeError(f"anybind op '{self.name}': a multilinear op's transpose "
                                 f"rules take neither symbolic_zeros, input_shapes nor out=True "
                                 f"(they get every argument's value and return a cotangent)")
-            return self._set("transpose", rule, traced, vmap=vmap, argnum=argnum)
+            return self._set("transpose", rule, traced, vmap=vmap, argnum=argnum,
+                             device=device, host=host)
         if argnum is not None:
             raise TypeError(f"anybind op '{self.name}': def_transpose(argnum=...) is for ops "
                             f"bound with multilinear=True")
@@ -301,9 +312,10 @@ class Op:
             raise TypeError(f"anybind op '{self.name}': def_transpose needs an op bound "
                             f"with linear=True (or multilinear=True, with argnum=)")
         return self._set("transpose", rule, traced, symbolic_zeros, input_shapes, vmap,
-                         out=out)
+                         out=out, device=device, host=host)
 
-    def def_fwd(self, rule: Callable | None = None, *, residuals, vmap: RuleVmap = None):
+    def def_fwd(self, rule: Callable | None = None, *, residuals, vmap: RuleVmap = None,
+                device: bool = False, host: Callable | None = None):
         """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.
 
         Under ``grad``/``vjp`` the op runs ``fwd`` instead of its function and
@@ -314,10 +326,10 @@ class Op:
         with ``def_bwd``. Usable as a decorator.
         """
         self.residuals = residuals
-        return self._set("fwd", rule, False, vmap=vmap)
+        return self._set("fwd", rule, False, vmap=vmap, device=device, host=host)
 
     def def_bwd(self, rule: Callable | None = None, *, vmap: RuleVmap = None,
-                out: bool = False):
+                out: bool = False, device: bool = False, host: Callable | None = None):
         """Set the backward pass ``bwd(residuals, cotangent, **kw) -> tuple``: ∂f(x)ᵀ·ȳ.
 
         One cotangent per positional argument (``None`` for zero), computed from
@@ -327,10 +339,11 @@ class Op:
         ``out=True``: called as ``bwd(residuals, cotangent, out=out, **kw)``, ``out``
         as for ``def_vjp(out=True)``; the rule writes every element and returns None.
         """
-        return self._set("bwd", rule, False, vmap=vmap, out=out)
+        return self._set("bwd", rule, False, vmap=vmap, out=out, device=device, host=host)
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False,
-                 out: bool = False, out_batched=None):
+                 out: bool = False, out_batched=None, device: bool = False,
+                 host: Callable | None = None):
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
 
         Batched arguments carry the batch axis at 0; ``in_batched`` is a tuple of
@@ -357,7 +370,7 @@ class Op:
         self.vmap_out_batched = out_batched
         if not self._vmap_declared:
             self.vmap = "vectorized"
-        return self._set("vmap", rule, traced, out=out)
+        return self._set("vmap", rule, traced, out=out, device=device, host=host)
 
     # ---------------------------------------------------------------- calls
 
@@ -488,7 +501,7 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
          has_side_effect: bool = False, name: str | None = None,
          examples: Callable[[], tuple] | None = None, out: bool = False,
          shard: str | None = None, replicated: tuple[str, ...] = (),
-         symmetric: bool = False):
+         symmetric: bool = False, device: bool = False, host: Callable | None = None):
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -535,6 +548,14 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
         gives forward and reverse mode, and reverse mode stores only what forward
         mode does. With ``traced=True`` and no jvp rule, JAX's jvp of ``fn`` is
         that rule. For ``linear=True`` ops the function is its own transpose.
+      device: ``fn`` (and the rules given here) are GPU code: in a program compiled
+        for a GPU it gets CuPy views of XLA's device buffers, runs with CuPy's
+        current stream set to XLA's (and gets it as ``stream=``, an int, if it
+        has that parameter), and returns or writes (``out=True``) CuPy arrays;
+        nothing goes through the host. Needs CuPy.
+      host: the host function that stands in for a ``device=True`` function in
+        programs compiled for the CPU (same signature, NumPy arrays). Without
+        one, lowering such a program raises.
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
@@ -546,7 +567,7 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
                    vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
                    examples=examples, out=out, multilinear=multilinear, shard=shard,
-                   replicated=replicated, symmetric=symmetric)
+                   replicated=replicated, symmetric=symmetric, device=device, host=host)
     if fn is None:
         return lambda f: Op(f, **options)
     return Op(fn, **options)

@@ -400,7 +400,8 @@ def describe(op) -> str:
     rules += [f"transpose in {i}{' (traced)' if r.traced and not op.traced else ''}"
               for i, r in sorted(getattr(op, "transpose_rules", {}).items())]
     argnums = tuple(getattr(op, "linear_argnums", ()))
-    code = "traced" if op.traced else "compiled" if _compiled.is_compiled(op.fn) else "host"
+    code = "traced" if op.traced else "compiled" if _compiled.is_compiled(op.fn) \
+        else "device (checked through its host fallback)" if op.device else "host"
     kinds = [code] + (["symmetric"] if getattr(op, "symmetric", False) else []) + (
         ["linear"] if op.linear else [
         f"linear in {', '.join(map(str, argnums))}"] if argnums else [

@@ -82,6 +82,10 @@ def spec(ctx) -> None:
         ctx.direct = None
         ctx.ok("spec", "compiled function: writes the declared outputs")
         return
+    if op.device and op.host is None:  # runs on device buffers only
+        ctx.direct = None
+        ctx.ok("spec", "device function without a host fallback: not called directly")
+        return
     ctx.current = ("spec", "calling the function directly")
     if op.traced:
         got = jax.eval_shape(lambda *xs: op.fn(*ctx.xtree.unflatten(list(xs)), **ctx.operands,
@@ -104,16 +108,18 @@ def spec(ctx) -> None:
 
 
 def _call_host(ctx, declared):
-    """The host function on NumPy copies of the inputs; an in-place one (``out=True``)
-    is run twice on outputs prefilled with 0 and with 1, and must overwrite both."""
+    """The host function (a device function's host fallback) on NumPy copies of the
+    inputs; an in-place one (``out=True``) is run twice on outputs prefilled with 0 and
+    with 1, and must overwrite both."""
     to_np = lambda t: tree_util.tree_map(np.asarray, t)
     args, kw = to_np(ctx.args), {**to_np(ctx.operands), **ctx.static}
+    fn = ctx.op.host if ctx.op.device else ctx.op.fn
     if not getattr(ctx.op, "inplace", False):
-        return ctx.op.fn(*args, **kw)
+        return fn(*args, **kw)
     outs = []
     for fill in (0, 1):
         out = tree_util.tree_map(lambda a: np.full(a.shape, fill, a.dtype), declared)
-        ctx.op.fn(*args, out=out, **kw)
+        fn(*args, out=out, **kw)
         outs.append(out)
     for name, a, b in zip(ctx.out_names, *map(tree_util.tree_leaves, outs)):
         unwritten = (a == 0) & (b == 1)

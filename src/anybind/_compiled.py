@@ -306,7 +306,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     from ._batching import host_mode
 
     op = call.op
-    cpu_only(ctx, call)
+    cpu_only(ctx, call, "compiled code")
     if role == "transpose" and getattr(op, "multilinear", False):
         raise TypeError(f"anybind op '{op.name}' is multilinear: its transposes take "
                         f"operands of their own, which compiled code does not get yet; give "

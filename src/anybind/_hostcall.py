@@ -19,12 +19,11 @@ import numpy as np
 import jax.ffi
 from jax._src import config
 
-from . import _debug, _impls, _inplace, _lifetime
+from . import _debug, _gpu, _impls, _inplace, _lifetime
 from ._batching import declared_out_batched
 from ._spec import Batch, Call, Rule
 
 _TARGETS = {"cpu": "xla_buffer_python_cpu_callback"}
-_ARRAYS = (np.ndarray, np.generic)  # NumPy returns scalars from operations on 0-d arrays
 
 
 class HostError(RuntimeError):
@@ -49,7 +48,7 @@ _NARROWED = {np.dtype(w): np.dtype(n) for w, n in ((np.int64, np.int32), (np.uin
 
 
 def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool,
-               narrow: bool = False) -> np.ndarray:
+               narrow: bool = False, xp=np) -> np.ndarray:
     """Check one returned value against the declared aval; never cast or broadcast silently.
 
     With ``narrow`` (x64 off: JAX narrowed the declared 64-bit dtype to 32
@@ -66,12 +65,12 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
                 f"anybind op '{call.op.name}': {what} is the Python {type(r).__name__} {r!r}, "
                 f"which {np.dtype(aval.dtype).name} cannot hold exactly; declared shape "
                 f"{shape} and dtype {np.dtype(aval.dtype).name}")
-        r = v
+        r = xp.asarray(v)
     else:
-        r = np.asarray(r)
+        r = xp.asarray(r)
     if narrow and _NARROWED.get(r.dtype) == aval.dtype:
         v = r.astype(aval.dtype)
-        if r.dtype.kind in "iu" and not np.array_equal(v, r):
+        if r.dtype.kind in "iu" and not bool(xp.array_equal(v, r)):
             raise HostError(
                 f"anybind op '{call.op.name}': {what} has dtype {r.dtype} and values that "
                 f"{np.dtype(aval.dtype).name} (its declared dtype with x64 off) cannot hold")
@@ -149,8 +148,11 @@ def _in_views(buffers) -> list:
 
 def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: Sequence,
                      out_names: Sequence[str], batch: Batch | None, mode,
-                     inplace: bool = False) -> Callable:
-    """Returns ``runner(inputs, outputs)`` that fills the output arrays in place."""
+                     inplace: bool = False, xp=np) -> Callable:
+    """Returns ``runner(inputs, outputs)`` that fills the output arrays in place.
+
+    ``xp``: the module of the arrays (NumPy; CuPy for device code, see ``_gpu``).
+    """
     if inplace:  # the user's function writes into XLA's output buffers itself
         runner = _inplace_runner(call, make_run, batch, mode)
         if call.debug:
@@ -158,7 +160,8 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
         return runner
     # x64 off: 64-bit results narrow as JAX narrowed their declared dtypes (read here, while
     # lowering, in the caller's context; the callback may run on another thread).
-    as_result = functools.partial(_as_result, narrow=not config.enable_x64.value)
+    as_result = functools.partial(_as_result, narrow=not config.enable_x64.value, xp=xp)
+    ndarray, arrays = xp.ndarray, (xp.ndarray, np.generic)
 
     def what(j, b=None):
         row = "" if b is None else f" at batch index {b}"
@@ -168,7 +171,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
 
     def store(o, r, j, shape, b=None, allow_lead_one=False):
         """Write one result, after checking it (cheaply when it is already right)."""
-        if not (type(r) is np.ndarray and r.shape == shape and r.dtype == expected[j][1]):
+        if not (type(r) is ndarray and r.shape == shape and r.dtype == expected[j][1]):
             r = as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
         o[...] = r
 
@@ -179,7 +182,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
 
             def runner(ins, outs):
                 (r,) = run(*ins)
-                if not (type(r) is np.ndarray and (r.shape, r.dtype) == e):
+                if not (type(r) is ndarray and (r.shape, r.dtype) == e):
                     r = as_result(call, what(0), r, out_avals[0], e[0], False)
                 outs[0][...] = r
             return runner
@@ -190,7 +193,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             res = run(*ins)
             for j, shape, dtype in checks:
                 r = res[j]
-                if not (type(r) is np.ndarray and r.shape == shape and r.dtype == dtype):
+                if not (type(r) is ndarray and r.shape == shape and r.dtype == dtype):
                     r = as_result(call, what(j), r, out_avals[j], shape, False)
                 outs[j][...] = r
         return runner
@@ -218,7 +221,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 res = run(*row)
                 for j, e in checks:
                     r = res[j]
-                    if not (isinstance(r, _ARRAYS) and r.shape == e[0] and r.dtype == e[1]):
+                    if not (isinstance(r, arrays) and r.shape == e[0] and r.dtype == e[1]):
                         r = as_result(call, what(j, b), r, out_avals[j], e[0], False)
                     outs[j][b] = r
         return runner
@@ -257,27 +260,35 @@ def _inplace_runner(call: Call, make_run: Callable, batch: Batch | None, mode) -
     return runner
 
 
-def cpu_only(ctx, call: Call) -> str:
+def cpu_only(ctx, call: Call, what: str = "host code") -> str:
     """The CPU target of this lowering, or a clear error for other platforms."""
     platforms = ctx.module_context.platforms
     target = _TARGETS.get(platforms[0]) if len(platforms) == 1 else None
     if target is None:
         raise NotImplementedError(
-            f"anybind op '{call.op.name}': host code runs on the CPU backend only; this "
-            f"program is compiled for {platforms}. Bind a traced (JAX) function, or place "
-            f"the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
+            f"anybind op '{call.op.name}': {what} runs on the CPU backend only; this "
+            f"program is compiled for {list(platforms)}. Bind a traced (JAX) function, or "
+            f"place the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
     return target
 
 
 def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
-               has_side_effect: bool):
-    index = register(ctx, call, role_name,
-                     host_callback(call, role_name, runner, len(ctx.avals_out)))
+               has_side_effect: bool, device: bool = False, xp=np):
+    """Host code (or ``device`` code, on ``xp``'s arrays) as a callback of the program."""
+    guarded = host_callback(call, role_name, runner, len(ctx.avals_out), device)
+    if device or _gpu.platform(ctx, call) in _gpu.GPU_PLATFORMS:
+        return _gpu.lower(ctx, *args, guarded=guarded, device=device, xp=xp,
+                          has_side_effect=has_side_effect)
+    index = register(ctx, call, role_name, guarded)
     return emit(ctx, *args, index=index, has_side_effect=has_side_effect)
 
 
-def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> Callable:
-    """The callback XLA calls with its buffers: runs ``runner``, keeps a failure's HostError."""
+def host_callback(call: Call, role_name: str, runner: Callable, n_out: int,
+                  device: bool = False) -> Callable:
+    """The callback XLA calls with its buffers: runs ``runner``, keeps a failure's HostError.
+
+    ``device``: the buffers are device arrays already (``_gpu``), used as they are.
+    """
     op_name, op = call.op.name, call.op
     views = _debug.inputs if call.debug else _in_views
 
@@ -285,7 +296,10 @@ def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> C
         del exec_ctx
         n = len(buffers) - n_out
         try:
-            runner(views(buffers[:n]), [b.__array__() for b in buffers[n:]])
+            if device:
+                runner(list(buffers[:n]), list(buffers[n:]))
+            else:
+                runner(views(buffers[:n]), [b.__array__() for b in buffers[n:]])
         except Exception as e:
             # Under jit only the message and the frames above this one reach the caller
             # (XLA drops the cause and notes), so the message says where the user's code
@@ -303,7 +317,7 @@ def host_callback(call: Call, role_name: str, runner: Callable, n_out: int) -> C
 
 def register(ctx, call: Call, role_name: str, callback: Callable) -> np.uint64:
     """Register a host callback with the program being lowered; its index there."""
-    cpu_only(ctx, call)
+    cpu_only(ctx, call, "host code per shard (shard=)")  # other host code: lower_host
     if ctx.module_context.lowering_parameters.for_export:
         raise ValueError(
             f"anybind op '{call.op.name}': its {role_name} is Python host code, which "

@@ -31,7 +31,7 @@ from jax.interpreters import ad, batching, mlir
 from jax._src import dispatch, effects
 from jax._src.interpreters import ad as _ad
 
-from . import (_batching, _closures, _compiled, _derivatives, _hostcall, _impls,
+from . import (_batching, _closures, _compiled, _derivatives, _gpu, _hostcall, _impls,
                _lifetime, _multilinear, _partition)
 from ._roles import (ROLES, MissingRuleError, make_run, missing_rule_message, traced_run,
                      out_avals, out_names, role_name, rule_of)
@@ -109,6 +109,8 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
     avals = out_avals(role, call, lin, need)
     names = out_names(role, call, need)
     name = "vmap rule" if by_vmap_rule else role_name(role, call)
+    if rule.device:  # GPU code: itself in a GPU program, its host fallback elsewhere
+        rule = _gpu.for_platform(ctx, call, rule, name)
     # The route: compiled code through XLA's FFI, host code through a callback, or
     # traced code inline; on many devices, host and compiled code run per shard.
     effect = role in ("primal", "fwd") and op.has_side_effect
@@ -124,6 +126,7 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
             mode="vectorized" if by_vmap_rule else op.vmap,
             has_side_effect=role in ("primal", "fwd") and op.has_side_effect)
     if not rule.traced:
+        xp = _gpu.array_module(call) if rule.device else np
         if by_vmap_rule:
             mode = rule
         elif batch is not None:
@@ -134,15 +137,16 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
         def runner_for(call: Call, batch: Batch | None) -> Callable:
             return _hostcall.make_host_runner(
                 call, name,
-                lambda lead: make_run(role, call, rule, lin, need, np, lead),
+                lambda lead: make_run(role, call, rule, lin, need, xp, lead),
                 out_avals(role, call, lin, need), names, batch, mode,
-                inplace=rule.out)
+                inplace=rule.out, xp=xp)
         if per_shard:
             return _partition.lower(ctx, *args, role=role, call=call, batch=batch, lin=lin,
                                     need=need, role_name=name, runner_for=runner_for,
                                     has_side_effect=effect)
         return _hostcall.lower_host(ctx, *args, runner=runner_for(call, batch), call=call,
-                                    role_name=name, has_side_effect=effect)
+                                    role_name=name, has_side_effect=effect,
+                                    device=rule.device, xp=xp)
     if by_vmap_rule:
         if call.n_closure:
             raise _closures.vmap_rule_error(call)

@@ -125,7 +125,7 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
     if role == "transpose" and op.multilinear:
         return _multilinear_rule(call, need)
     if role == "primal":
-        return Rule(op.fn, op.traced, out=op.inplace)
+        return Rule(op.fn, op.traced, out=op.inplace, device=op.device, host=op.host)
     if role == "fwd":
         return op.fwd_rule
     if role == "jvp":
@@ -141,7 +141,8 @@ def rule_of(role: str, call: Call, need=None) -> Rule | None:
     if op.transpose_rule is not None:
         return op.transpose_rule
     if op.linear and op.symmetric and not op.inplace:
-        return Rule(_self_transpose(op.fn), op.traced)
+        return Rule(_self_transpose(op.fn), op.traced, device=op.device,
+                    host=op.host and _self_transpose(op.host))
     if op.linear and op.traced:  # JAX transposes the traced function itself
         return Rule(op.fn, True)
     return None

@@ -30,6 +30,10 @@ class Rule:
 
     ``out``: host code that writes its results into XLA's buffers (``out=``)
     and returns None, instead of returning them.
+
+    ``device``: GPU code (``device=True``) that runs on XLA's device buffers as
+    CuPy arrays, and ``host`` its fallback in programs compiled for the CPU (see
+    ``_gpu``).
     """
     fn: Callable[..., Any]
     traced: bool
@@ -37,10 +41,12 @@ class Rule:
     input_shapes: bool = False
     vmap: Any = None
     out: bool = False
+    device: bool = False
+    host: Callable[..., Any] | None = None
 
     @property
     def kind(self) -> str:
-        return "traced" if self.traced else "host"
+        return "traced" if self.traced else "device" if self.device else "host"
 
 
 class like:

@@ -508,6 +508,10 @@ class TorchOp:
 
     def _prepare(self, key, xs, ks):
         op = self.op
+        if op.device:
+            raise NotImplementedError(
+                f"anybind op '{op.name}' has device code (device=True), which op.torch does "
+                f"not run; call the op from JAX")
         if getattr(op, "multilinear", False):
             raise NotImplementedError(
                 f"anybind op '{op.name}' is multilinear=True, which op.torch does not "

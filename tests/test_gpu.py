@@ -1,0 +1,275 @@
+"""Ops in programs compiled for a GPU (``_gpu``): host code with transfers, device code
+on XLA's buffers, and the host fallback of device code on the CPU.
+
+Without a GPU, programs are lowered for CUDA (JAX lowers for any platform), and
+both GPU routes run on the CPU through the CPU versions of the same XLA callbacks
+(the ``simulated`` fixture): host code through ``xla_ffi_python_cpu_callback``,
+which has the calling convention of the GPU target (host arrays in, host arrays
+out), and device code through the CPU buffer callback, with NumPy standing in
+for CuPy and a made-up stream. The tests marked ``gpu`` run the real routes and
+are skipped where JAX sees no GPU or CuPy is missing.
+"""
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import anybind as ab
+from anybind import _gpu
+from helpers import assert_close, check_first_order, randn
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def _sin_op(name, vmap="sequential", **bind):
+    """sin with host rules (jvp, vjp) and a given batching."""
+    return ab.bind(np.sin, shape=ab.like(0), name=name, vmap=vmap,
+                   jvp=lambda p, t: np.cos(p[0]) * t[0],
+                   vjp=lambda p, ct: (np.cos(p[0]) * ct,), **bind)
+
+
+def _sin_every_order(name, vmap):
+    """sin and cos as host ops whose traced jvp rules call each other: every order."""
+    sin = ab.bind(np.sin, shape=ab.like(0), name=f"{name}_sin", vmap=vmap)
+    cos = ab.bind(np.cos, shape=ab.like(0), name=f"{name}_cos", vmap=vmap)
+    sin.def_jvp(lambda p, t: cos(p[0]) * t[0], traced=True)
+    cos.def_jvp(lambda p, t: -sin(p[0]) * t[0], traced=True)
+    return sin
+
+
+def _lowered_for(platform, f, *args) -> str:
+    return jax.jit(f).trace(*args).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _targets(text: str) -> set:
+    return {line.split("@")[1].split("(")[0] for line in text.splitlines()
+            if "stablehlo.custom_call @" in line}
+
+
+# ------------------------------------------------------ simulated on the CPU
+
+class _Stream:
+    """Stands in for cupy.cuda.ExternalStream: records which stream is current."""
+    current: list = []
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __enter__(self):
+        _Stream.current.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _Stream.current.pop()
+
+
+FAKE_CUPY = types.SimpleNamespace(
+    ndarray=np.ndarray, asarray=np.asarray, array_equal=np.array_equal, zeros=np.zeros,
+    cuda=types.SimpleNamespace(ExternalStream=_Stream,
+                               get_current_stream=lambda: _Stream.current[-1]))
+STREAM = 0x5EED
+
+
+@pytest.fixture
+def simulated(monkeypatch):
+    """The CPU counts as a GPU platform, with the CPU twins of XLA's GPU callbacks."""
+    monkeypatch.setattr(_gpu, "GPU_PLATFORMS", ("cuda", "rocm", "cpu"))
+    monkeypatch.setattr(_gpu, "_HOST_TARGET", "xla_ffi_python_cpu_callback")
+    monkeypatch.setattr(_gpu, "_DEVICE_TARGET", "xla_buffer_python_cpu_callback")
+    monkeypatch.setattr(_gpu, "array_module", lambda call: FAKE_CUPY)
+    monkeypatch.setattr(_gpu, "stream_of", lambda exec_ctx: STREAM)
+
+
+@pytest.mark.parametrize("vmap", ["sequential", "vectorized"])
+def test_host_code_by_the_gpu_route(simulated, vmap):
+    """Host code through the GPU route's callback (copies in, copies out): values, every
+    check of ab.check, and the route is the one taken."""
+    op = _sin_every_order(f"g_host_{vmap}", vmap)
+    x = randn((3, 4))
+    assert _targets(jax.jit(op).lower(x).as_text()) == {"xla_ffi_python_cpu_callback"}
+    assert_close(jax.jit(op)(x), np.sin(x), **TOL)
+    report = ab.check(op, x)
+    assert report.ok, str(report)
+    assert_close(jax.jit(jax.hessian(lambda x: jnp.sum(op(x) ** 2)))(x[0]),
+                 np.diag(2 * np.cos(2 * x[0])), rtol=1e-8, atol=1e-8)
+
+
+def test_host_code_by_the_gpu_route_in_place_and_pytrees(simulated):
+    """out=True writes into the host outputs the route allocates; pytree and integer
+    outputs; a wrong result is the op's HostError, inside jit too."""
+    def sincos(x, *, out):
+        np.sin(x, out=out["s"])
+        np.cos(x, out=out["c"])
+        out["n"][...] = x.size
+    op = ab.bind(sincos, out=True, name="g_sincos",
+                 shape=lambda x: {"s": x, "c": x, "n": jax.ShapeDtypeStruct((), np.int64)})
+    x = randn((5,))
+    got = jax.jit(op)(x)
+    assert_close(got["s"], np.sin(x), **TOL)
+    assert_close(got["c"], np.cos(x), **TOL)
+    assert int(got["n"]) == 5
+    bad = ab.bind(lambda x: x[:2], shape=ab.like(0), name="g_bad")
+    with pytest.raises(ab.HostError, match="g_bad.*shape \\(2,\\).*declared shape \\(5,\\)"):
+        bad(x)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="g_bad"):
+        jax.jit(bad)(x)
+
+
+def test_device_code_by_the_gpu_route(simulated):
+    """Device code and device rules get the stream-bearing arrays, run inside XLA's stream
+    and batch in every mode; ab.check's whole matrix passes."""
+    streams = []
+
+    def fn(x, *, stream):
+        streams.append((stream, _Stream.current[-1].ptr))
+        return np.sin(x)
+
+    op = ab.bind(fn, shape=ab.like(0), device=True, name="g_dev",
+                 jvp=lambda p, t: np.cos(p[0]) * t[0],
+                 vjp=lambda p, ct: (np.cos(p[0]) * ct,))
+    x = randn((3, 4))
+    assert _targets(jax.jit(op).lower(x).as_text()) == {"xla_buffer_python_cpu_callback"}
+    assert_close(op(x), np.sin(x), **TOL)
+    assert streams and set(streams) == {(STREAM, STREAM)}
+    report = ab.check(op, x)
+    assert report.ok, str(report)
+    check_first_order(op, (x,))
+
+
+def test_device_code_in_place_with_a_vmap_rule(simulated):
+    """out=True device code and a device vmap rule: one call for the whole batch."""
+    calls = []
+
+    def rule(size, in_batched, x, *, out):
+        calls.append(size)
+        np.multiply(x, 2.0, out=out)
+
+    def double(x, *, out):
+        np.multiply(x, 2.0, out=out)
+
+    op = ab.bind(double, shape=ab.like(0), out=True, linear=True, device=True,
+                 name="g_dev_double")
+    op.def_vmap(rule, out=True, device=True)
+    op.def_transpose(lambda ct: (2.0 * ct,), device=True)
+    X = randn((6, 3))
+    assert_close(jax.jit(jax.vmap(op))(X), 2 * X, **TOL)
+    assert calls == [6]
+    assert_close(jax.linear_transpose(op, X[0])(X[1])[0], 2 * X[1], **TOL)
+    assert ab.check(op, X[0]).ok
+
+
+# ------------------------------------------------------- lowered for a GPU
+
+def test_host_code_lowers_to_the_gpu_callback():
+    """Host code in a program for CUDA: XLA's GPU Python callback, under every role."""
+    op = _sin_op("g_lower")
+    x = randn((3,))
+    for f in (op, jax.grad(lambda x: op(x).sum()), jax.vmap(op),
+              lambda x: jax.jvp(op, (x,), (x,))[1]):
+        assert _targets(_lowered_for("cuda", f, x)) == {"xla_ffi_python_gpu_callback"}
+
+
+def test_device_code_lowers_to_the_gpu_buffer_callback(monkeypatch):
+    op = ab.bind(lambda x: x, shape=ab.like(0), device=True, name="g_dev_lower")
+    x = randn((3,))
+    monkeypatch.setitem(sys.modules, "cupy", None)  # as where CuPy is not installed
+    with pytest.raises(ImportError, match="g_dev_lower' has device code.*install CuPy"):
+        _lowered_for("cuda", op, x)
+    monkeypatch.setattr(_gpu, "array_module", lambda call: FAKE_CUPY)
+    assert _targets(_lowered_for("cuda", op, x)) == {"xla_buffer_python_gpu_callback"}
+
+
+def test_lowering_for_several_platforms_at_once_is_a_clear_error():
+    op = ab.bind(np.sin, shape=ab.like(0), name="g_multi")
+    with pytest.raises(NotImplementedError, match="one platform at a time"):
+        jax.jit(op).trace(randn((3,))).lower(lowering_platforms=("cpu", "cuda"))
+
+
+# --------------------------------------------------------- the host fallback
+
+def test_device_code_falls_back_to_host_code_on_the_cpu():
+    """On the CPU a device function and its device rules run their host fallbacks."""
+    never = lambda *a, **k: pytest.fail("device code ran in a CPU program")
+    op = ab.bind(never, shape=ab.like(0), device=True, host=np.sin, name="g_fallback")
+    op.def_jvp(never, device=True, host=lambda p, t: np.cos(p[0]) * t[0])
+    op.def_vjp(never, device=True, host=lambda p, ct: (np.cos(p[0]) * ct,))
+    x = randn((4,))
+    assert_close(jax.jit(op)(x), np.sin(x), **TOL)
+    assert ab.check(op, x).ok
+    assert "device" in repr(op)
+
+
+def test_device_code_without_a_fallback_is_a_clear_error():
+    op = ab.bind(np.sin, shape=ab.like(0), device=True, name="g_nofallback")
+    with pytest.raises(NotImplementedError, match="g_nofallback': its function is device "
+                                                  "code.*compiled for cpu.*host fallback"):
+        op(randn((3,)))
+    op = ab.bind(np.sin, shape=ab.like(0), name="g_rule_nofallback")
+    op.def_jvp(lambda p, t: np.cos(p[0]) * t[0], device=True)
+    with pytest.raises(NotImplementedError, match="its jvp rule is device code"):
+        jax.jvp(op, (randn((3,)),), (randn((3,)),))
+
+
+def test_declarations_are_checked_at_bind():
+    with pytest.raises(TypeError, match="device=True.*traced code runs on every platform"):
+        ab.bind(jnp.sin, traced=True, device=True, name="g_traced_device")
+    with pytest.raises(TypeError, match="host=.*is the host fallback of a device=True"):
+        ab.bind(np.sin, shape=ab.like(0), host=np.sin, name="g_host_only")
+    op = ab.bind(np.sin, shape=ab.like(0), name="g_rule_decl")
+    with pytest.raises(TypeError, match="def_vjp\\(host=...\\) must be a callable"):
+        op.def_vjp(np.cos, device=True, host=3)
+
+
+# ------------------------------------------------------------ on a real GPU
+
+def _gpu_ready() -> bool:
+    try:
+        import cupy  # noqa: F401
+        return bool(jax.devices("gpu"))
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA GPU seen by JAX, and CuPy")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_device_op_with_cupy_kernels():
+    """A CuPy elementwise kernel on XLA's buffers and stream, with device rules, under
+    jit, vmap (vectorized and a rule), grad, jvp, linear_transpose and hessian."""
+    import cupy as cp
+    cube = cp.ElementwiseKernel("T x", "T y", "y = x * x * x", "g_cube")
+    op = ab.bind(lambda x: cube(x), shape=ab.like(0), device=True, host=lambda x: x ** 3,
+                 vmap="vectorized", name="g_cupy_cube")
+    op.def_jvp(lambda p, t: 3 * p[0] ** 2 * t[0], traced=True)
+    x = jnp.linspace(-1.0, 1.0, 1000, dtype=jnp.float32)
+    assert_close(jax.jit(op)(x), x ** 3, rtol=1e-6, atol=1e-6)
+    assert_close(jax.jit(jax.grad(lambda x: op(x).sum()))(x), 3 * x ** 2, rtol=1e-6, atol=1e-6)
+    assert_close(jax.jit(jax.vmap(op))(x.reshape(10, 100)), (x ** 3).reshape(10, 100),
+                 rtol=1e-6, atol=1e-6)
+    assert_close(jax.jit(jax.hessian(lambda x: op(x).sum()))(x[:5]), jnp.diag(6 * x[:5]),
+                 rtol=1e-5, atol=1e-5)
+    report = ab.check(op, x[:8])
+    assert report.ok, str(report)
+    with jax.default_device(jax.devices("cpu")[0]):  # the same op in a CPU program
+        assert_close(jax.jit(op)(np.asarray(x)), np.asarray(x) ** 3, rtol=1e-6, atol=1e-6)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_host_op_in_a_gpu_program():
+    """SciPy host code in a GPU program: values and jit(grad) through the transfers."""
+    special = pytest.importorskip("scipy.special")
+    op = ab.bind(special.gammaln, shape=ab.like(0), name="g_gammaln",
+                 vjp=lambda p, ct: (special.digamma(p[0]) * ct,))
+    x = jnp.linspace(0.5, 4.0, 100)
+    assert jax.jit(op)(x).devices() == {jax.devices("gpu")[0]}
+    assert_close(jax.jit(op)(x), special.gammaln(np.asarray(x)), **TOL)
+    assert_close(jax.jit(jax.grad(lambda x: op(x).sum()))(x), special.digamma(np.asarray(x)),
+                 **TOL)
+    report = ab.check(op, x[:8])
+    assert report.ok, str(report)
