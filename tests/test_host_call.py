@@ -114,7 +114,7 @@ def _compiled_programs():
         "transpose": jax.jit(lambda c: jax.linear_transpose(lin, c)(c)[0]).lower(x).compile(),
     }
     lowered = jax.jit(lambda x: op(x) + lin(x)).lower(x)  # compiled only after the ops are gone
-    return progs, lowered, weakref.ref(op)
+    return progs, lowered, weakref.ref(op._core)
 
 
 def test_aot_compiled_call_works_after_op_is_deleted():

@@ -28,17 +28,12 @@ FRONT_ENDS: dict = {}
 LIVE_OPS: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()
 
 
-class Op:
-    """A function bound into JAX as a family of primitives. Create with ``ab.bind``.
+class _Op:
+    """What an op is and does: its code, rules, primitives and calls.
 
-    >>> import anybind as ab, numpy as np, jax
-    >>> square = ab.bind(np.square, shape=ab.like(0), name="square")
-    >>> @square.def_jvp
-    ... def _(primals, tangents):
-    ...     (x,), (dx,) = primals, tangents
-    ...     return 2 * x * dx
-    >>> float(jax.jvp(square, (3.0,), (1.0,))[1])
-    6.0
+    Users hold it through an ``Op`` handle; everything JAX keeps (primitive
+    parameters, jaxprs, compiled programs) refers to this object, never to the
+    handle (see ``Op``).
     """
 
     def __init__(self, fn: Callable, *, shape, jvp, vjp, transpose, linear,
@@ -468,6 +463,49 @@ class Op:
             self._calls[((args_tree, kw_tree, static, in_avals, kw_avals, static_types),
                          config.enable_x64.value)] = call
         return call
+
+
+class Op(_Op):
+    """A function bound into JAX as a family of primitives. Create with ``ab.bind``.
+
+    >>> import anybind as ab, numpy as np, jax
+    >>> square = ab.bind(np.square, shape=ab.like(0), name="square")
+    >>> @square.def_jvp
+    ... def _(primals, tangents):
+    ...     (x,), (dx,) = primals, tangents
+    ...     return 2 * x * dx
+    >>> float(jax.jvp(square, (3.0,), (1.0,))[1])
+    6.0
+
+    An ``Op`` is a handle on the op itself (``_Op``): attributes and methods
+    are the op's. JAX keys caches by a function weakly and keeps what tracing it
+    made, so ``jax.jit(op)`` or ``jax.make_jaxpr(op)`` would keep an op that
+    jaxprs refer to for the life of the process; they refer to the op, not to
+    this handle, so the op goes when the handle and the programs using it do.
+    """
+
+    def __init__(self, fn: Callable, **options: Any):
+        object.__setattr__(self, "_core", _Op(fn, **options))
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in _HANDLE_OWN:
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_core"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "__doc__":  # the handle's own, as docstring tools read it
+            object.__setattr__(self, name, value)
+        else:
+            setattr(object.__getattribute__(self, "_core"), name, value)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return object.__getattribute__(self, "_core")(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return repr(object.__getattribute__(self, "_core"))
+
+
+_HANDLE_OWN = frozenset({"_core", "__class__", "__dict__", "__doc__", "__weakref__"})
 
 
 def _front_end(args, kwargs):
