@@ -199,6 +199,22 @@ def test_fwd_bwd_under_vmap_and_forward_mode_uses_jvp(mode):
     check_first_order(op, (a, b), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_fwd_bwd_under_checkpoint(mode):
+    """Under jax.checkpoint reverse mode transposes forward mode's tangent, which keeps
+    no residuals: the fwd rule runs again in the backward pass, for the bwd rule."""
+    log = []
+    op = _solve_op(log, mode)
+    a, b = _solve_inputs()
+    A, B = np.stack([a, a + np.eye(3)]), np.stack([b, 2 * b])
+    loss = lambda f: (lambda a, b: jnp.sum(jax.checkpoint(f)(a, b) ** 2))
+    g = jax.jit(jax.grad(loss(op), argnums=(0, 1)))(a, b)
+    assert_tree_close(g, jax.grad(loss(_solve_ref), argnums=(0, 1))(a, b), rtol=1e-9, atol=1e-9)
+    assert log.count("bwd") == 1
+    t = lambda f: jax.jit(jax.vmap(jax.grad(loss(f), argnums=(0, 1))))
+    assert_tree_close(t(op)(A, B), t(_solve_ref)(A, B), rtol=1e-9, atol=1e-9)
+
+
 def test_fwd_without_bwd_is_an_error():
     op = ab.bind(np.sin, shape=ab.like(0), name="fwd_only")
     op.def_fwd(lambda x: (np.sin(x), x), residuals=lambda x: x)

@@ -339,6 +339,18 @@ def _t_jvp(fam, call: Call, lin, need, und, present):
     it = iter(present)
     ct_lin = tuple(next(it) if f else False for f in call.float_out)
 
+    full = call.with_residuals
+    if full is not None and call.op.vjp_rule is None:
+        # forward mode's tangent (no residuals kept) transposed, as under checkpoint: the
+        # fwd rule runs again for the bwd rule's residuals
+        n = call.n_in + len(call.kw_avals)
+
+        def core(*ops):
+            saved = fam["fwd"].bind(*ops[:n], call=full, batch=None)[len(full.out_avals):]
+            return fam["vjp"].bind(*ops[:n], *saved, *ops[n:], call=full, batch=None,
+                                   lin=ct_lin, need=need_x)
+        return core
+
     def core(*ops):
         return fam["vjp"].bind(*ops, call=call, batch=None, lin=ct_lin, need=need_x)
     return core

@@ -112,6 +112,8 @@ class Call:
     closed: tuple = dataclasses.field(default=(), compare=False, hash=False)
     converted: Any = dataclasses.field(default=None, compare=False, hash=False)
     debug: bool = False  # made in debug mode (see _debug): its programs check more
+    # for a ``without_residuals`` Call, the Call it came from (whose fwd rule keeps them)
+    with_residuals: Any = dataclasses.field(default=None, compare=False, hash=False)
     op_token: int = -1  # the op's identity, for comparison and hashing; set from op_ref
 
     def __post_init__(self):
@@ -132,7 +134,7 @@ class Call:
     @functools.cached_property
     def without_residuals(self) -> "Call":
         """This call as if the op had no fwd/bwd rules: forward mode's, which keeps none."""
-        return dataclasses.replace(self, res_tree=None, res_avals=())
+        return dataclasses.replace(self, res_tree=None, res_avals=(), with_residuals=self)
 
     @functools.cached_property
     def debugging(self) -> "Call":
