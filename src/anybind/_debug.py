@@ -124,6 +124,7 @@ def check_written(run: Callable, op_name: str, role_name: str,
         for j, (o, (udt, bits)) in enumerate(zip(outs, patterns)):
             left = (_components(o, udt) == bits).any(axis=-1)
             if left.any():
+                left = left.get() if hasattr(left, "get") else left  # CuPy (device code)
                 where = np.argwhere(left)
                 shown = ", ".join(str(list(map(int, w))) for w in where[:_SHOWN])
                 more = f" and {len(where) - _SHOWN} more" if len(where) > _SHOWN else ""
