@@ -188,6 +188,13 @@ def test_lowering_for_several_platforms_at_once_is_a_clear_error():
         jax.jit(op).trace(randn((3,))).lower(lowering_platforms=("cpu", "cuda"))
 
 
+@pytest.mark.parametrize("platforms", [["cuda"], ["cpu", "cuda"]])
+def test_exporting_host_code_for_a_gpu_is_a_clear_error(platforms):
+    op = ab.bind(np.sin, shape=ab.like(0), name="g_export")
+    with pytest.raises(ValueError, match="g_export': its function is Python host code"):
+        jax.export.export(jax.jit(op), platforms=platforms)(randn((3,)))
+
+
 # --------------------------------------------------------- the host fallback
 
 def test_device_code_falls_back_to_host_code_on_the_cpu():

@@ -275,6 +275,7 @@ def cpu_only(ctx, call: Call, what: str = "host code") -> str:
 def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
                has_side_effect: bool, device: bool = False, xp=np):
     """Host code (or ``device`` code, on ``xp``'s arrays) as a callback of the program."""
+    not_exported(ctx, call, role_name)
     guarded = host_callback(call, role_name, runner, len(ctx.avals_out), device)
     if device or _gpu.platform(ctx, call) in _gpu.GPU_PLATFORMS:
         return _gpu.lower(ctx, *args, guarded=guarded, device=device, xp=xp,
@@ -317,15 +318,20 @@ def host_callback(call: Call, role_name: str, runner: Callable, n_out: int,
 
 def register(ctx, call: Call, role_name: str, callback: Callable) -> np.uint64:
     """Register a host callback with the program being lowered; its index there."""
+    not_exported(ctx, call, role_name)
     cpu_only(ctx, call, "host code per shard (shard=)")  # other host code: lower_host
+    ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))
+    return np.uint64(len(ctx.module_context.host_callbacks) - 1)
+
+
+def not_exported(ctx, call: Call, role_name: str) -> None:
+    """Python code cannot be serialised: a clear error when the program is for export."""
     if ctx.module_context.lowering_parameters.for_export:
         raise ValueError(
             f"anybind op '{call.op.name}': its {role_name} is Python host code, which "
             f"jax.export cannot serialise; bind a compiled function (a Numba @cfunc, a "
             f"ctypes or cffi function of anybind's C calling convention) or a traced one "
             f"to export programs that use it")
-    ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))
-    return np.uint64(len(ctx.module_context.host_callbacks) - 1)
 
 
 def emit(ctx, *args, index: np.uint64, has_side_effect: bool):
