@@ -71,7 +71,8 @@ for i in range(int(sys.argv[1])):
 del op
 el = time.perf_counter() - s
 print(json.dumps(dict(rss_growth_mb=(rss() - r0) / 2**20, table_entries_added=tables() - t0,
-                      ops_alive=sum(isinstance(o, ab._api._Op) for o in gc.get_objects()), seconds=el)))
+                      ops_alive=sum(isinstance(o, ab._api._Op) for o in gc.get_objects()),
+                      seconds=el)))
 """
 
 
