@@ -476,3 +476,12 @@ def test_a_failing_dtype_table_entry_falls_back_to_the_buffer_callback(monkeypat
     assert _targets(jax.jit(op).lower(x)) == {BUFFER_CALLBACK}
     assert _targets(jax.jit(op).lower(randn(3))) == {_hostffi.TARGET}
     np.testing.assert_array_equal(jax.jit(op)(x), 2 * x)
+
+
+def test_without_the_handler_host_code_takes_the_buffer_callback(monkeypatch):
+    """As where the extension was not built: no C compiler at install."""
+    monkeypatch.setattr(_hostffi, "_loaded", [None])
+    op = ab.bind(lambda x: x * 2, shape=ab.like(0), name="no_handler")
+    x = randn(3)
+    assert _targets(jax.jit(op).lower(x)) == {BUFFER_CALLBACK}
+    np.testing.assert_array_equal(jax.jit(op)(x), 2 * x)

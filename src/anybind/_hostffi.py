@@ -27,7 +27,6 @@ lowering reaches here (``_hostcall.register``).
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import threading
 import weakref
@@ -65,9 +64,19 @@ class _Held:
                            "as XLA's buffer callback")
 
 
-@functools.cache
+_loaded: list = []  # [the extension, or None], once loaded
+
+
 def handler():
     """The handler's extension module, ready to use, or ``None`` where it was not built."""
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                _loaded.append(_load())
+    return _loaded[0]
+
+
+def _load():
     try:
         from . import _pycall
     except ImportError:
