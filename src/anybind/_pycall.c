@@ -31,6 +31,9 @@
 
 #include "xla/ffi/api/c_api.h"
 
+/* XLA's dims are int64_t, NumPy's npy_intp: the handler passes one as the other. */
+_Static_assert(sizeof(npy_intp) == sizeof(int64_t), "anybind: npy_intp is not 64 bits");
+
 #define N_DTYPES 64
 #define MSG_SIZE 4096
 
