@@ -7,20 +7,21 @@ dtype, and writes it into the output buffer. The callback is registered with
 the module being compiled, so the executable keeps the user's function and
 rules alive for as long as it exists.
 
-==================  =============================================================
-piece               what it does
-==================  =============================================================
+====================  ===========================================================
+piece                 what it does
+====================  ===========================================================
 ``make_host_runner``  ``runner(ins, outs)`` of a role: calls the user's code (per
-                    batch mode), checks and stores its results
-``host_callback``   ``guarded(ins, outs)``: the runner, a failure turned into the
-                    op's ``HostError`` (kept for eager callers and ``ab.debug``)
-``register``        the CPU route of a guarded runner: anybind's FFI handler
-                    (``_hostffi``, target ``anybind_python``) where it is built,
-                    else XLA's buffer callback (``xla_buffer_python_cpu_callback``)
-``emit``            the custom call to a registered runner
-``lower_host``      a role's lowering: GPU programs go to ``_gpu``, the CPU to
-                    ``register`` and ``emit``
-==================  =============================================================
+                      batch mode), checks and stores its results
+``host_callback``     ``guarded(ins, outs)``: the runner, a failure turned into
+                      the op's ``HostError`` (kept for eager callers, ``ab.debug``)
+``register``          the CPU route of a guarded runner: anybind's FFI handler
+                      (``_hostffi``, target ``anybind_python``) where it is
+                      built, else XLA's buffer callback
+                      (``xla_buffer_python_cpu_callback``, via ``buffer_callback``)
+``emit``              the custom call to a registered runner
+``lower_host``        a role's lowering: GPU programs go to ``_gpu``, the CPU to
+                      ``register`` and ``emit``
+====================  ===========================================================
 """
 from __future__ import annotations
 
