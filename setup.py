@@ -1,9 +1,14 @@
-"""Builds anybind's FFI shim (``src/anybind/_shim.c``) against the headers of jax.
+"""Builds anybind's two FFI handlers against the headers of jax (and NumPy).
 
-The shim is a plain-C XLA FFI handler that calls compiled functions bound with
-``ab.bind``. It is optional: without a C compiler the install still succeeds,
-the Python route works, and binding a compiled function explains what is
-missing (anybind then also tries to build the shim at first use).
+- ``src/anybind/_shim.c``: a plain-C XLA FFI handler that calls compiled
+  functions bound with ``ab.bind``;
+- ``src/anybind/_pycall.c``: an XLA FFI handler that calls Python host code on
+  NumPy views of XLA's buffers.
+
+Both are optional: without a C compiler the install still succeeds, Python host
+code runs through XLA's own buffer callback instead, and binding a compiled
+function explains what is missing (anybind then also tries to build the shim at
+first use).
 """
 from setuptools import Extension, setup
 
@@ -13,6 +18,14 @@ def _include_dir() -> str:
     return jax.ffi.include_dir()
 
 
-setup(ext_modules=[Extension(
-    "anybind._shim", sources=["src/anybind/_shim.c"], include_dirs=[_include_dir()],
-    extra_compile_args=["-O2"], optional=True)])
+def _numpy_include_dir() -> str:
+    import numpy
+    return numpy.get_include()
+
+
+setup(ext_modules=[
+    Extension("anybind._shim", sources=["src/anybind/_shim.c"], include_dirs=[_include_dir()],
+              extra_compile_args=["-O2"], optional=True),
+    Extension("anybind._pycall", sources=["src/anybind/_pycall.c"],
+              include_dirs=[_include_dir(), _numpy_include_dir()],
+              extra_compile_args=["-O2"], optional=True)])

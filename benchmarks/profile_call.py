@@ -5,10 +5,11 @@
 
 1. End-to-end µs per jitted call (round-robin, min and median, as in run.py).
 2. The Python time spent inside each route's host callback, timed with
-   ``perf_counter_ns`` around the callback XLA invokes (both routes register
-   theirs with ``ModuleContext.add_host_callback``; the wrapper is installed at
-   lowering time). End-to-end minus this is XLA's dispatch, the custom call and
-   the C++ side of the FFI handler (GIL, Buffer objects), the same for both.
+   ``perf_counter_ns`` around the callback XLA invokes (raw ``buffer_callback``
+   registers it with ``ModuleContext.add_host_callback``, anybind with its FFI
+   handler, ``_hostffi.register``; the wrapper is installed at lowering time).
+   End-to-end minus this is XLA's dispatch, the custom call and the C or C++
+   side of the handler (GIL, arrays or Buffer objects).
 3. ``cProfile`` of anybind's callback alone (enabled on entry, disabled on exit),
    top functions by own time, per host call. cProfile inflates every Python
    call by a similar amount, so read it for where, not for how much.
@@ -37,6 +38,7 @@ from jax._src.interpreters import mlir as _mlir  # noqa: E402
 from jax.experimental.buffer_callback import buffer_callback  # noqa: E402
 
 import routes  # noqa: E402
+from anybind import _hostffi  # noqa: E402
 
 _original_add = _mlir.ModuleContext.add_host_callback
 _current: dict = {"route": None, "profile": None}
@@ -44,10 +46,11 @@ ACC: dict[str, list[int]] = {}
 RAW: dict[str, list] = {}  # route -> the callbacks it registered, unwrapped
 
 
-def _add_host_callback(self, cb):
+def _timed(cb):
+    """``cb`` wrapped to time (or profile) its calls for the route being compiled."""
     route = _current["route"]
     if route is None:
-        return _original_add(self, cb)
+        return cb
     acc = ACC.setdefault(route, [0, 0])
     RAW.setdefault(route, []).append(cb)
     prof = _current["profile"]
@@ -67,10 +70,23 @@ def _add_host_callback(self, cb):
                 return cb(*a)
             finally:
                 prof.disable()
-    return _original_add(self, timed)
+    return timed
+
+
+def _add_host_callback(self, cb):
+    if isinstance(cb, _hostffi._Held):  # anybind's handler route: timed at _register
+        return _original_add(self, cb)
+    return _original_add(self, _timed(cb))
+
+
+def _register(module_context, cb):
+    """anybind's FFI handler route: its callable is ``guarded(ins, outs)``."""
+    return _original_register(module_context, _timed(cb))
 
 
 _mlir.ModuleContext.add_host_callback = _add_host_callback
+_original_register = _hostffi.register
+_hostffi.register = _register
 
 
 def _compile(name: str, f, args, profile=None):
@@ -183,14 +199,20 @@ def layers(x) -> list[str]:
                          lambda bc=bc: bc(None, *ins, *outs)))
         cb = raw[route]
         try:
-            runner = _cell(cb, "runner")
+            # anybind's FFI handler calls guarded(ins, outs); XLA's buffer callback (the
+            # fallback) a callback(exec_ctx, *buffers) around it
+            guarded = cb if "runner" in cb.__code__.co_freevars else _cell(cb, "guarded")
+            runner = _cell(guarded, "runner")
             run_ = _cell(runner, "run")
             rows += [(f"anybind {label}: role adapter run(*ins) (_impls)",
                       lambda: run_(*ins)),
                      (f"anybind {label}: + checks and copy, runner(ins, outs) (_hostcall)",
                       lambda: runner(list(ins), outs)),
-                     (f"anybind {label}: + views, whole callback (_hostcall)",
-                      lambda: cb(None, *ins, *outs))]
+                     (f"anybind {label}: + error guard, guarded(ins, outs) (_hostcall)",
+                      lambda: guarded(list(ins), outs))]
+            if guarded is not cb:
+                rows.append((f"anybind {label}: + views, buffer callback (_hostcall)",
+                             lambda: cb(None, *ins, *outs)))
         except (TypeError, ValueError, AttributeError) as e:
             rows.append((f"anybind {label}: layers not found ({e})", lambda: None))
         for name, fn in rows:

@@ -153,9 +153,13 @@ def realify(args):
     return v, build
 
 
+HOST_TARGETS = ("anybind_python", "xla_buffer_python_cpu_callback")  # the CPU routes of host code
+
+
 def host_call_count(lowered) -> int:
-    """Number of host callbacks (custom calls to the Python CPU callback) in a lowering."""
-    return lowered.as_text().count("xla_buffer_python_cpu_callback")
+    """Number of host calls (custom calls to either CPU route of host code) in a lowering."""
+    text = lowered if isinstance(lowered, str) else lowered.as_text()
+    return sum(text.count(f"custom_call @{t}(") for t in HOST_TARGETS)
 
 
 def jvp_and_vjp(fs, args, dargs, ybar):

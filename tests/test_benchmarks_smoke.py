@@ -36,6 +36,20 @@ def test_ffi_routes_agree_per_call_and_inside_the_scan():
     assert "hand-written C++ FFI" in text and "anybind compiled (C)" in text
 
 
+def test_host_scan_routes_agree_and_take_their_routes():
+    """benchmarks/host_scan.py: every route computes f inside the scan (no timing)."""
+    run = _load_run()  # first: it puts benchmarks/ on the path and sets x64
+    spec = importlib.util.spec_from_file_location("anybind_benchmarks_host_scan",
+                                                  RUN.parent / "host_scan.py")
+    host_scan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(host_scan)
+    cases = host_scan.cases()
+    run.check(cases)
+    assert {"buffer_callback", "anybind, buffer callback"} <= set(cases)
+    res = host_scan.main(["--rounds", "1", "--repeats", "1", "--sample-ms", "0"])
+    assert all(np.isfinite(r["min_us"]) for r in res.values())
+
+
 def test_recipes_benchmark_residual_choices_give_the_gradient():
     """benchmarks/recipes.py's two def_fwd/def_bwd forms of sin(x)·cos(x)·y² (the
     README's residual-choice example): both give the analytic gradient."""

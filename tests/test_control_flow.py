@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from helpers import assert_tree_close, randn
+from helpers import assert_tree_close, host_call_count, randn
 from ops import CASES, VMAP_MODES, mul, mul_ref, sincos
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -140,4 +140,4 @@ def test_aot_compiled_hessian_of_traced_rules():
 def test_aot_text_contains_the_host_call():
     m = mul("vectorized")
     text = jax.jit(m).lower(randn(3), randn(3)).as_text()
-    assert "xla_buffer_python_cpu_callback" in text
+    assert host_call_count(text) >= 1

@@ -1,5 +1,6 @@
 """The host call: errors, lifetime, side effects, threads, what host code sees."""
 import gc
+import re
 import threading
 import weakref
 
@@ -10,7 +11,8 @@ import pytest
 from jax import lax
 
 import anybind as ab
-from helpers import host_call_count, randn
+from anybind import _hostcall, _hostffi
+from helpers import assert_close, host_call_count, randn
 
 
 # ----------------------------------------------------------------- exceptions
@@ -315,14 +317,6 @@ def test_host_rules_are_ordinary_python_with_concrete_values():
     assert branches == ["pos", "neg"]
 
 
-def test_lowers_to_the_buffer_callback_not_pure_callback():
-    op = ab.bind(np.sin, shape=ab.like(0), name="sin_target")
-    lowered = jax.jit(op).lower(randn(3))
-    assert host_call_count(lowered) == 1
-    assert "xla_python_cpu_callback" not in lowered.as_text()
-    assert "pure_callback" not in str(jax.make_jaxpr(op)(randn(3)))
-
-
 def test_redefining_a_rule_takes_effect_eagerly_and_under_jit():
     op = ab.bind(np.sin, shape=ab.like(0), name="redefined", jvp=lambda p, t: 1 * t[0])
     x = randn(3)
@@ -380,3 +374,114 @@ def test_side_effect_runs_exactly_once_with_fwd_rule(program):
     }[program]
     jax.block_until_ready(f(randn(3)))
     assert len(calls) == 1, calls
+
+
+# ------------------------------------------------------------- the CPU routes
+
+BUFFER_CALLBACK = "xla_buffer_python_cpu_callback"
+ROUTES = {"handler": True, "buffer_callback": False}  # route -> _hostffi.enabled
+
+
+@pytest.fixture(params=list(ROUTES))
+def route(request, monkeypatch):
+    """Each CPU route of host code in turn: anybind's FFI handler, XLA's buffer callback."""
+    if ROUTES[request.param] and _hostffi.handler() is None:
+        pytest.skip("anybind's Python FFI handler was not built (no C compiler at install)")
+    monkeypatch.setattr(_hostffi, "enabled", ROUTES[request.param])
+    return _hostffi.TARGET if ROUTES[request.param] else BUFFER_CALLBACK
+
+
+def _targets(lowered) -> set:
+    return set(re.findall(r"custom_call @(\w+)\(", lowered.as_text()))
+
+
+def test_host_code_lowers_to_anybinds_handler_where_it_is_built():
+    op = ab.bind(np.sin, shape=ab.like(0), name="sin_target")
+    lowered = jax.jit(op).lower(randn(3))
+    built = _hostffi.handler() is not None
+    assert _targets(lowered) == {_hostffi.TARGET if built else BUFFER_CALLBACK}
+    assert host_call_count(lowered) == 1
+    assert "xla_python_cpu_callback" not in lowered.as_text()
+    assert "pure_callback" not in str(jax.make_jaxpr(op)(randn(3)))
+
+
+def test_each_route_runs_every_transformation(route):
+    op = ab.bind(np.sin, shape=ab.like(0), vmap="sequential", name=f"sin_{route}",
+                 jvp=lambda p, t: np.cos(p[0]) * t[0], vjp=lambda p, ct: (np.cos(p[0]) * ct,))
+    x, xs = randn(3), randn((2, 3), seed=1)
+    cases = [(jax.jit(op), (x,), np.sin(x)),
+             (jax.jit(jax.grad(lambda x: op(x).sum())), (x,), np.cos(x)),
+             (jax.jit(jax.vmap(op)), (xs,), np.sin(xs)),
+             (jax.jit(lambda x: lax.scan(lambda c, _: (op(c), None), x, length=3)[0]), (x,),
+              np.sin(np.sin(np.sin(x))))]
+    for f, args, want in cases:
+        assert _targets(f.lower(*args)) == {route}
+        assert_close(f(*args), want)
+    assert_close(op(x), np.sin(x))  # eager
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint16", "int32", "int64", "float16",
+                                   "bfloat16", "float32", "complex64", "complex128"])
+def test_each_route_gives_host_code_read_only_views_of_every_dtype(route, dtype):
+    dtype = jnp.dtype(dtype)
+    seen = []
+
+    def reverse(x):
+        seen.append((x.dtype, x.flags.writeable, x.shape))
+        return np.flip(x).copy()
+
+    op = ab.bind(reverse, shape=ab.like(0), name=f"reverse_{route}_{dtype.name}")
+    x = np.arange(5).astype(dtype)
+    np.testing.assert_array_equal(np.asarray(jax.jit(op)(x)), x[::-1])
+    assert seen == [(dtype, False, (5,))]
+    zero_d = np.asarray(jax.jit(op)(x[0]))  # rank 0
+    np.testing.assert_array_equal(zero_d, x[0])
+
+
+def test_each_route_reports_the_users_exception(route):
+    op = _raising("function")
+    bad = randn(3) + 1000.0
+    with pytest.raises(jax.errors.JaxRuntimeError,
+                       match=r"HostError: anybind op 'raise_function': the function raised "
+                             r"ValueError: boom in function \(in fn, ") as info:
+        jax.jit(op)(bad).block_until_ready()
+    err = _hostcall.find_host_error(info.value)
+    assert isinstance(err, ab.HostError) and isinstance(err.__cause__, ValueError)
+    with pytest.raises(ab.HostError, match="boom in function") as eager:  # its own error
+        op(bad)
+    assert isinstance(eager.value.__cause__, ValueError)
+    np.testing.assert_array_equal(jax.jit(op)(randn(3)), 2 * randn(3))
+
+
+def test_handler_forgets_a_program_once_the_program_is_collected():
+    if _hostffi.handler() is None:
+        pytest.skip("anybind's Python FFI handler was not built (no C compiler at install)")
+    before = set(_hostffi._registry)
+    progs, lowered, ref = _compiled_programs()
+    ours = set(_hostffi._registry) - before
+    assert ours  # every program registered its callbacks with the handler
+    del progs, lowered
+    jax.clear_caches()
+    gc.collect()
+    assert ref() is None and not ours & set(_hostffi._registry)
+
+
+def test_a_failing_dtype_table_entry_falls_back_to_the_buffer_callback(monkeypatch):
+    """An operand that NumPy cannot view takes XLA's buffer callback, as before."""
+    if _hostffi.handler() is None:
+        pytest.skip("anybind's Python FFI handler was not built (no C compiler at install)")
+    monkeypatch.setattr(_hostffi, "_viewable", _hostffi._viewable - {"float32"})
+    op = ab.bind(lambda x: x * 2, shape=ab.like(0), name="f32_fallback")
+    x = randn(3).astype(np.float32)
+    assert _targets(jax.jit(op).lower(x)) == {BUFFER_CALLBACK}
+    assert _targets(jax.jit(op).lower(randn(3))) == {_hostffi.TARGET}
+    np.testing.assert_array_equal(jax.jit(op)(x), 2 * x)
+
+
+def test_without_the_handler_host_code_takes_the_buffer_callback(monkeypatch):
+    """As where the extension was not built: no C compiler at install."""
+    monkeypatch.setattr(_hostffi, "_loaded", [None])
+    op = ab.bind(lambda x: x * 2, shape=ab.like(0), name="no_handler")
+    x = randn(3)
+    assert _targets(jax.jit(op).lower(x)) == {BUFFER_CALLBACK}
+    np.testing.assert_array_equal(jax.jit(op)(x), 2 * x)

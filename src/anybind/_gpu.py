@@ -104,20 +104,26 @@ def stream_of(exec_ctx) -> int:
 def lower(ctx, *args, guarded: Callable, device: bool, xp, has_side_effect: bool):
     """One host or device role as XLA's GPU callback; see the table above.
 
-    ``guarded(exec_ctx, *ins, *outs)`` is the CPU route's callback: it runs the
-    role's runner and turns a failure into the op's HostError.
+    ``guarded(ins, outs)`` is the CPU route's runner: it runs the role on
+    arrays and turns a failure into the op's HostError.
     """
+    n_out = len(ctx.avals_out)
     if device:
         def callback(exec_ctx, *buffers):
             with xp.cuda.ExternalStream(stream_of(exec_ctx)):
-                return guarded(exec_ctx, *[xp.asarray(b) for b in buffers])  # views
+                views = [xp.asarray(b) for b in buffers]
+                guarded(views[:len(views) - n_out], views[len(views) - n_out:])
+            return ()
         target = _DEVICE_TARGET
     else:
         avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_out]
 
         def callback(*ins):  # host copies of the operands; the outputs go back the same way
             outs = [np.empty(s, d) for s, d in avals]
-            guarded(None, *ins, *outs)
+            ins = [np.asarray(x) for x in ins]
+            for x in ins:
+                x.setflags(write=False)  # as XLA's buffers on the CPU route
+            guarded(ins, outs)
             return tuple(outs)
         target = _HOST_TARGET
     from . import _lifetime

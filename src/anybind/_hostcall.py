@@ -1,14 +1,31 @@
 """How host code runs inside a compiled program.
 
-A host primitive lowers straight to XLA's buffer-callback custom call: the
-callback receives XLA's own input and output buffers, views them as NumPy
-arrays without copying, runs the user's code, checks every result against the
-declared shape and dtype, and writes it into the output buffer. The callback
-is registered with the module being compiled, so the executable keeps the
-user's function and rules alive for as long as it exists.
+A host primitive lowers straight to one custom call on the CPU: the callback
+receives NumPy views of XLA's own input and output buffers without copying,
+runs the user's code, checks every result against the declared shape and
+dtype, and writes it into the output buffer. The callback is registered with
+the module being compiled, so the executable keeps the user's function and
+rules alive for as long as it exists.
+
+====================  ===========================================================
+piece                 what it does
+====================  ===========================================================
+``make_host_runner``  ``runner(ins, outs)`` of a role: calls the user's code (per
+                      batch mode), checks and stores its results
+``host_callback``     ``guarded(ins, outs)``: the runner, a failure turned into
+                      the op's ``HostError`` (kept for eager callers, ``ab.debug``)
+``register``          the CPU route of a guarded runner: anybind's FFI handler
+                      (``_hostffi``, target ``anybind_python``) where it is
+                      built, else XLA's buffer callback
+                      (``xla_buffer_python_cpu_callback``, via ``buffer_callback``)
+``emit``              the custom call to a registered runner
+``lower_host``        a role's lowering: GPU programs go to ``_gpu``, the CPU to
+                      ``register`` and ``emit``
+====================  ===========================================================
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -19,7 +36,7 @@ import numpy as np
 import jax.ffi
 from jax._src import config
 
-from . import _debug, _gpu, _impls, _inplace, _lifetime
+from . import _debug, _gpu, _hostffi, _impls, _inplace, _lifetime
 from ._batching import declared_out_batched
 from ._spec import Batch, Call, Rule
 
@@ -276,35 +293,31 @@ def lower_host(ctx, *args, runner: Callable, call: Call, role_name: str,
                has_side_effect: bool, device: bool = False, xp=np):
     """Host code (or ``device`` code, on ``xp``'s arrays) as a callback of the program."""
     not_exported(ctx, call, role_name)
-    guarded = host_callback(call, role_name, runner, len(ctx.avals_out), device)
+    guarded = host_callback(call, role_name, runner, device)
     if device or _gpu.platform(ctx, call) in _gpu.GPU_PLATFORMS:
         return _gpu.lower(ctx, *args, guarded=guarded, device=device, xp=xp,
                           has_side_effect=has_side_effect)
-    index = register(ctx, call, role_name, guarded)
-    return emit(ctx, *args, index=index, has_side_effect=has_side_effect)
+    slot = register(ctx, call, role_name, guarded)
+    return emit(ctx, *args, slot=slot, has_side_effect=has_side_effect)
 
 
-def host_callback(call: Call, role_name: str, runner: Callable, n_out: int,
+def host_callback(call: Call, role_name: str, runner: Callable,
                   device: bool = False) -> Callable:
-    """The callback XLA calls with its buffers: runs ``runner``, keeps a failure's HostError.
+    """``guarded(ins, outs)``: runs ``runner`` on arrays, keeps a failure's HostError.
 
-    ``device``: the buffers are device arrays already (``_gpu``), used as they are.
+    ``ins`` are read-only views of XLA's input buffers (copies in debug mode);
+    ``device``: they are device arrays already (``_gpu``), used as they are.
     """
     op_name, op = call.op.name, call.op
-    views = _debug.inputs if call.debug else _in_views
+    copy = call.debug and not device
 
-    def callback(exec_ctx, *buffers):
-        del exec_ctx
-        n = len(buffers) - n_out
+    def guarded(ins, outs):
         try:
-            if device:
-                runner(list(buffers[:n]), list(buffers[n:]))
-            else:
-                runner(views(buffers[:n]), [b.__array__() for b in buffers[n:]])
+            runner(_debug.inputs(ins) if copy else ins, outs)
         except Exception as e:
-            # Under jit only the message and the frames above this one reach the caller
-            # (XLA drops the cause and notes), so the message says where the user's code
-            # failed and the traceback stops here; the cause keeps the whole story.
+            # Under jit only the message reaches the caller (XLA drops the cause, the
+            # notes and the frames), so the message says where the user's code failed;
+            # the cause keeps the whole story.
             if not isinstance(e, HostError):
                 err = HostError(f"anybind op '{op_name}': the {role_name} raised "
                                 f"{type(e).__name__}: {e}{_where(e)}")
@@ -312,16 +325,38 @@ def host_callback(call: Call, role_name: str, runner: Callable, n_out: int,
                 e = err
             remember_host_error(op, e)
             raise e.with_traceback(None)
+    return guarded
+
+
+def buffer_callback(guarded: Callable, n_out: int) -> Callable:
+    """``guarded`` as XLA's buffer callback: ``callback(exec_ctx, *ins, *outs)`` on Buffers."""
+    def callback(exec_ctx, *buffers):
+        del exec_ctx
+        n = len(buffers) - n_out
+        guarded(_in_views(buffers[:n]), [b.__array__() for b in buffers[n:]])
         return ()
     return callback
 
 
-def register(ctx, call: Call, role_name: str, callback: Callable) -> np.uint64:
-    """Register a host callback with the program being lowered; its index there."""
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """How a program's custom call reaches a registered host callback."""
+    target: str
+    attrs: tuple  # ((name, value), ...)
+
+
+def register(ctx, call: Call, role_name: str, guarded: Callable) -> Slot:
+    """Register ``guarded(ins, outs)`` with the program being lowered, by the CPU route:
+    anybind's FFI handler (``_hostffi``) where it is built, else XLA's buffer callback."""
     not_exported(ctx, call, role_name)
     cpu_only(ctx, call, "host code per shard (shard=)")  # other host code: lower_host
+    if _hostffi.usable([*ctx.avals_in, *ctx.avals_out]):
+        key = _hostffi.register(ctx.module_context, _lifetime.held(ctx, guarded))
+        return Slot(_hostffi.TARGET, ((_hostffi.ATTRIBUTE, np.int64(key)),))
+    callback = buffer_callback(guarded, len(ctx.avals_out))
     ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))
-    return np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    return Slot(_TARGETS[ctx.module_context.platforms[0]], (("index", index),))
 
 
 def not_exported(ctx, call: Call, role_name: str) -> None:
@@ -334,8 +369,7 @@ def not_exported(ctx, call: Call, role_name: str) -> None:
             f"to export programs that use it")
 
 
-def emit(ctx, *args, index: np.uint64, has_side_effect: bool):
-    """The custom call that runs host callback ``index`` of the program on ``args``."""
-    target = _TARGETS[ctx.module_context.platforms[0]]
-    rule = jax.ffi.ffi_lowering(target, has_side_effect=has_side_effect)
-    return rule(ctx, *args, index=index)
+def emit(ctx, *args, slot: Slot, has_side_effect: bool):
+    """The custom call that runs the host callback registered as ``slot`` on ``args``."""
+    rule = jax.ffi.ffi_lowering(slot.target, has_side_effect=has_side_effect)
+    return rule(ctx, *args, **dict(slot.attrs))

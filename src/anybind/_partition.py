@@ -403,14 +403,14 @@ _shard_call_p.def_abstract_eval(lambda *args, slot: list(slot.out_avals))
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Slot:
     """A host callback registered with the whole program, run on one shard's buffers."""
-    index: int
+    host: object  # _hostcall.Slot
     out_avals: tuple
     has_side_effect: bool
 
 
 def _lower_shard_call(ctx, *args, slot: _Slot):
     from . import _hostcall
-    return _hostcall.emit(ctx, *args, index=slot.index, has_side_effect=slot.has_side_effect)
+    return _hostcall.emit(ctx, *args, slot=slot.host, has_side_effect=slot.has_side_effect)
 
 
 mlir.register_lowering(_shard_call_p, _lower_shard_call)
@@ -433,9 +433,8 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
     def dispatch(ins, outs):
         runners[tuple(x.shape for x in ins)](ins, outs)
 
-    index = None if runner_for is None else _hostcall.register(
-        ctx, call, role_name, _hostcall.host_callback(call, role_name, dispatch,
-                                                      len(ctx.avals_out)))
+    host = None if runner_for is None else _hostcall.register(
+        ctx, call, role_name, _hostcall.host_callback(call, role_name, dispatch))
     ops_f, res_f = role_factors(role, call, batch, lin, need)
     splittable = _splittable(call, batch)
     fs = factors_of(call)
@@ -471,7 +470,7 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
         else:
             key_shapes = [local(ids, a.shape) for ids, a in zip(ops_f, arg_shapes)]
             runners[tuple(key_shapes)] = runner_for(local_call, local_batch)
-            slot = _Slot(index, tuple(ShapedArray(w, r.dtype)
+            slot = _Slot(host, tuple(ShapedArray(w, r.dtype)
                                       for w, r in zip(want, result_shape)), has_side_effect)
             run = lambda *ops: _shard_call_p.bind(*ops, slot=slot)
 
