@@ -1,6 +1,7 @@
 """The user API: ``bind`` and the ``Op`` it returns."""
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import weakref
@@ -465,7 +466,7 @@ class _Op:
         return call
 
 
-class Op(_Op):
+class Op:
     """A function bound into JAX as a family of primitives. Create with ``ab.bind``.
 
     >>> import anybind as ab, numpy as np, jax
@@ -487,25 +488,35 @@ class Op(_Op):
     def __init__(self, fn: Callable, **options: Any):
         object.__setattr__(self, "_core", _Op(fn, **options))
 
-    def __getattribute__(self, name: str) -> Any:
-        if name in _HANDLE_OWN:
-            return object.__getattribute__(self, name)
-        return getattr(object.__getattribute__(self, "_core"), name)
+    def __getattr__(self, name: str) -> Any:  # what the handle lacks: the op's
+        return getattr(self.__dict__["_core"], name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "__doc__":  # the handle's own, as docstring tools read it
             object.__setattr__(self, name, value)
         else:
-            setattr(object.__getattribute__(self, "_core"), name, value)
+            setattr(self._core, name, value)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return object.__getattribute__(self, "_core")(*args, **kwargs)
+        return self._core(*args, **kwargs)
 
     def __repr__(self) -> str:
-        return repr(object.__getattribute__(self, "_core"))
+        return repr(self._core)
+
+    torch = property(lambda self: self._core.torch, doc=_Op.torch.__doc__)
 
 
-_HANDLE_OWN = frozenset({"_core", "__class__", "__dict__", "__doc__", "__weakref__"})
+def _forwarded(name: str) -> Callable:
+    method = getattr(_Op, name)
+
+    @functools.wraps(method)
+    def forwarded(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._core, name)(*args, **kwargs)
+    return forwarded
+
+
+for _name in ("def_jvp", "def_vjp", "def_transpose", "def_fwd", "def_bwd", "def_vmap"):
+    setattr(Op, _name, _forwarded(_name))
 
 
 def _front_end(args, kwargs):

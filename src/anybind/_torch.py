@@ -123,7 +123,7 @@ class Node:
         self._runner = self._run = None
         self._layouts: dict = {}
         self.plans: dict = {}  # backward plans by pattern of zeros (_torch_ad)
-        if role == "primal" and op.inplace:  # out=True: the runner hands out output buffers
+        if self.rule is not None and self.rule.out:  # out=True: the runner hands out buffers
             self._run_unbatched = lambda ins: self._run_inplace(ins)
         with _ID_LOCK:
             self.id = next(_NEXT_ID)
@@ -158,7 +158,7 @@ class Node:
             self._runner = _hostcall.make_host_runner(
                 call, self.name, lambda lead: make_run(role, call, rule, lin, need, np, lead),
                 self.avals, self.names, self.batch, mode,
-                inplace=self.role == "primal" and call.op.inplace and not self.by_vmap_rule)
+                inplace=rule.out)
         return self._runner
 
     def run(self, ops: Sequence[torch.Tensor]) -> list:
