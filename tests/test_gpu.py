@@ -280,3 +280,15 @@ def test_gpu_host_op_in_a_gpu_program():
                  **TOL)
     report = ab.check(op, x[:8])
     assert report.ok, str(report)
+
+
+def test_api_docstring_examples_run():
+    """ab.bind's examples (the device one among them, on its host fallback) and ab.Op's."""
+    import doctest
+    parser = doctest.DocTestParser()
+    for obj in (ab.bind, ab.Op, *(getattr(ab.Op, f"def_{k}") for k in
+                                  ("jvp", "vjp", "transpose", "fwd", "bwd", "vmap"))):
+        test = parser.get_doctest(obj.__doc__ or "", {}, obj.__name__, None, 0)
+        with jax.enable_x64(False):  # the examples show JAX's default dtypes
+            result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+        assert result.failed == 0, f"docstring example of {obj.__name__} failed"

@@ -275,7 +275,7 @@ class _Op:
         >>> _ = dot.def_transpose(lambda p, ct: ct[..., None] * p[1], argnum=0)
         >>> _ = dot.def_transpose(lambda p, ct: ct[..., None] * p[0], argnum=1)
         >>> jax.grad(dot, argnums=(0, 1))(np.array([1.0, 2.0]), np.array([3.0, 4.0]))
-        (Array([3., 4.], dtype=float64), Array([1., 2.], dtype=float64))
+        (Array([3., 4.], dtype=float32), Array([1., 2.], dtype=float32))
 
         ``out=True`` (host rules): called as ``transpose(cotangent, out=out, **kw)``,
         ``out`` as for ``def_vjp(out=True)``: one entry per positional argument of
@@ -612,6 +612,14 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
     ...               vjp=lambda p, ct: (p[1]**2 * ct, 2 * p[0] * p[1] * ct), name="mul")
     >>> jax.grad(lambda a, b: mul(a, b).sum(), argnums=1)(jnp.ones(2), jnp.full(2, 3.0))
     Array([6., 6.], dtype=float32)
+
+    Device code (CuPy arrays in a GPU program) with its host fallback, which is
+    what runs in this CPU program:
+
+    >>> cube = ab.bind(lambda x: x ** 3, shape=ab.like(0), device=True,
+    ...                host=lambda x: np.power(x, 3), name="cube")
+    >>> float(jax.jit(cube)(2.0))
+    8.0
     """
     options = dict(shape=shape, jvp=jvp, vjp=vjp, transpose=transpose, linear=linear,
                    vmap=vmap, traced=traced, has_side_effect=has_side_effect, name=name,
