@@ -1,8 +1,8 @@
 """Builds anybind's two FFI handlers against the headers of jax (and NumPy).
 
-- ``src/anybind/_shim.c``: a plain-C XLA FFI handler that calls compiled
+- ``src/anybind/routes/_shim.c``: a plain-C XLA FFI handler that calls compiled
   functions bound with ``ab.bind``;
-- ``src/anybind/_pycall.c``: an XLA FFI handler that calls Python host code on
+- ``src/anybind/routes/_pycall.c``: an XLA FFI handler that calls Python host code on
   NumPy views of XLA's buffers.
 
 Both are optional: without a C compiler the install still succeeds, Python host
@@ -24,8 +24,8 @@ def _numpy_include_dir() -> str:
 
 
 setup(ext_modules=[
-    Extension("anybind._shim", sources=["src/anybind/_shim.c"], include_dirs=[_include_dir()],
+    Extension("anybind.routes._shim", sources=["src/anybind/routes/_shim.c"], include_dirs=[_include_dir()],
               extra_compile_args=["-O2"], optional=True),
-    Extension("anybind._pycall", sources=["src/anybind/_pycall.c"],
+    Extension("anybind.routes._pycall", sources=["src/anybind/routes/_pycall.c"],
               include_dirs=[_include_dir(), _numpy_include_dir()],
               extra_compile_args=["-O2"], optional=True)])

@@ -40,7 +40,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import routes  # noqa: E402
-from anybind import _hostffi  # noqa: E402
+from anybind.routes import _pyffi as _hostffi  # noqa: E402
 
 STEPS = 1000
 BASE = "buffer_callback"

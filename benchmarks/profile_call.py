@@ -38,7 +38,7 @@ from jax._src.interpreters import mlir as _mlir  # noqa: E402
 from jax.experimental.buffer_callback import buffer_callback  # noqa: E402
 
 import routes  # noqa: E402
-from anybind import _hostffi  # noqa: E402
+from anybind.routes import _pyffi as _hostffi  # noqa: E402
 
 _original_add = _mlir.ModuleContext.add_host_callback
 _current: dict = {"route": None, "profile": None}

@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import anybind as ab  # noqa: E402
-from anybind._demo_recipes import direct_forces, forces  # noqa: E402
+from anybind.cli._demo_recipes import direct_forces, forces  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PAIRS_PER_CHUNK = 2**22  # chunk rows × N: one chunk's N×chunk×3 float32 array is 48 MiB

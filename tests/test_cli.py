@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from anybind import _cli, _demo
+from anybind.cli import _demo, _main as _cli
 
 GOOD = '''
 import numpy as np

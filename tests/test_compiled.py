@@ -13,7 +13,7 @@ import pytest
 from jax import lax
 
 import anybind as ab
-from anybind import _compiled
+from anybind.routes import _compiled
 import compiled_ops as co
 from helpers import (assert_close, check_first_order, check_transpose_identity,
                      host_call_count, randn, run_fresh_python)

@@ -1,4 +1,4 @@
-"""Ops in programs compiled for a GPU (``_gpu``): host code with transfers, device code
+"""Ops in programs compiled for a GPU (``routes._gpu_host``, ``routes._gpu_device``): host code with transfers, device code
 on XLA's buffers, and the host fallback of device code on the CPU.
 
 Without a GPU, programs are lowered for CUDA (JAX lowers for any platform), and
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from anybind import _gpu
+from anybind.routes import _gpu_device, _gpu_host, _host
 from helpers import assert_close, check_first_order, randn
 
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -76,11 +76,11 @@ STREAM = 0x5EED
 @pytest.fixture
 def simulated(monkeypatch):
     """The CPU counts as a GPU platform, with the CPU twins of XLA's GPU callbacks."""
-    monkeypatch.setattr(_gpu, "GPU_PLATFORMS", ("cuda", "rocm", "cpu"))
-    monkeypatch.setattr(_gpu, "_HOST_TARGET", "xla_ffi_python_cpu_callback")
-    monkeypatch.setattr(_gpu, "_DEVICE_TARGET", "xla_buffer_python_cpu_callback")
-    monkeypatch.setattr(_gpu, "array_module", lambda call: FAKE_CUPY)
-    monkeypatch.setattr(_gpu, "stream_of", lambda exec_ctx: STREAM)
+    monkeypatch.setattr(_host, "GPU_PLATFORMS", ("cuda", "rocm", "cpu"))
+    monkeypatch.setattr(_gpu_host, "TARGET", "xla_ffi_python_cpu_callback")
+    monkeypatch.setattr(_gpu_device, "TARGET", "xla_buffer_python_cpu_callback")
+    monkeypatch.setattr(_gpu_device, "array_module", lambda call: FAKE_CUPY)
+    monkeypatch.setattr(_gpu_device, "stream_of", lambda exec_ctx: STREAM)
 
 
 @pytest.mark.parametrize("vmap", ["sequential", "vectorized"])
@@ -178,7 +178,7 @@ def test_device_code_lowers_to_the_gpu_buffer_callback(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # as where CuPy is not installed
     with pytest.raises(ImportError, match="g_dev_lower' has device code.*install CuPy"):
         _lowered_for("cuda", op, x)
-    monkeypatch.setattr(_gpu, "array_module", lambda call: FAKE_CUPY)
+    monkeypatch.setattr(_gpu_device, "array_module", lambda call: FAKE_CUPY)
     assert _targets(_lowered_for("cuda", op, x)) == {"xla_buffer_python_gpu_callback"}
 
 

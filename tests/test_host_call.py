@@ -11,7 +11,8 @@ import pytest
 from jax import lax
 
 import anybind as ab
-from anybind import _hostcall, _hostffi
+from anybind.core import _errors as _hostcall
+from anybind.routes import _pyffi as _hostffi
 from helpers import assert_close, host_call_count, randn
 
 

@@ -1,4 +1,4 @@
-"""JAXbind's three demos, ported (``anybind._demo_jaxbind``): what the port must teach.
+"""JAXbind's three demos, ported (``anybind.cli._demo_jaxbind``): what the port must teach.
 
 Every port runs under the whole transformation matrix in ``python -m anybind
 demo`` (test_cli); here: demo 01's own declaration, the adjoint as the
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from anybind import _demo_jaxbind as demos
+from anybind.cli import _demo_jaxbind as demos
 from helpers import assert_close, randn
 
 

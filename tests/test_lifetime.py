@@ -1,4 +1,4 @@
-"""Ops that nothing uses any more are collected whole (see ``anybind._lifetime``).
+"""Ops that nothing uses any more are collected whole (see ``anybind.core._lifetime``).
 
 Binding, calling and dropping many ops runs in a fresh subprocess, so that the
 process's memory and JAX's rule tables start from a known state.
@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from anybind import _lifetime
+from anybind.core import _lifetime
 from helpers import assert_close
 
 _CHURN = textwrap.dedent("""
     import ctypes, gc, json, sys, time
     import numpy as np, jax, jax.numpy as jnp, psutil
     import anybind as ab
-    from anybind import _lifetime
+    from anybind.core import _lifetime
 
     def make(i):
         op = ab.bind(np.sin, shape=ab.like(0), name=f"churn{i}")

@@ -397,7 +397,7 @@ def test_ab_check_torch_side_names_a_rule_that_fails_on_torch():
 
 
 def test_command_line_check_through_torch(tmp_path, capsys):
-    from anybind import _cli
+    from anybind.cli import _main as _cli
     (tmp_path / "torch_ops.py").write_text(
         "import numpy as np, anybind as ab\n"
         "mul = ab.bind(lambda a, b: a * b**2, shape=ab.like(0), vmap='vectorized', name='mul',\n"
@@ -411,7 +411,7 @@ def test_command_line_check_through_torch(tmp_path, capsys):
 
 def test_docstring_examples():
     import doctest
-    from anybind._torch import TorchOp
+    from anybind.torch._front import TorchOp
     parser, runner = doctest.DocTestParser(), doctest.DocTestRunner()
     for name, doc in [("Op.torch", ab.Op.torch.__doc__), ("TorchOp", TorchOp.__doc__)]:
         result = runner.run(parser.get_doctest(doc, {}, name, None, 0))

@@ -1,20 +1,33 @@
-"""anybind: bind any function into JAX as a primitive that works under every transformation."""
+"""anybind: bind any function into JAX as a primitive that works under every transformation.
+
+==============  ====================================================================
+package         what it holds (imports run down this table, never up)
+==============  ====================================================================
+``core``        what an op is: spec, primitives, roles, derivatives, batching,
+                closures, lifetime; ``core._jax``, the one seam for JAX's private API
+``routes``      where an op's code runs: one route per module behind one interface
+``_api``        ``bind`` and ``Op``
+``torch``       the PyTorch front end (``op.torch``), registered with core at first use
+``check``       ``ab.check``
+``recipes``     ``reversible_loop``, ``root``, ``fixed_point``
+``contrib``     bindings of SciPy, ducc0 and a Numba N-body kernel
+``cli``         ``python -m anybind check|demo``
+==============  ====================================================================
+"""
 import os as _os
 
-from jax._src import traceback_util as _traceback_util
-
 from ._api import Op, bind
-from ._check import RuleError, check
-from ._compiled import C_SIGNATURE, ctypes_signature, dtype_code, numba_signature
-from ._debug import debug
-from ._hostcall import HostError
-from ._recipes import fixed_point, reversible_loop, root
-from ._roles import MissingRuleError
-from ._spec import like
+from .check import RuleError, check
+from .core._debug import debug
+from .core._errors import HostError, MissingRuleError
+from .core._jax import register_traceback_exclusion as _register_traceback_exclusion
+from .core._spec import like
+from .recipes import fixed_point, reversible_loop, root
+from .routes._compiled import C_SIGNATURE, ctypes_signature, dtype_code, numba_signature
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
            "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
            "reversible_loop", "root", "fixed_point", "debug"]
 __version__ = "0.1.0"
 
-_traceback_util.register_exclusion(_os.path.dirname(__file__))
+_register_traceback_exclusion(_os.path.dirname(__file__))

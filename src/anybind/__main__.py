@@ -1,6 +1,6 @@
 """Command line: ``python -m anybind check MODULE[:NAME]`` and ``python -m anybind demo``.
 
-See ``python -m anybind --help``; the commands live in ``_cli.py``.
+See ``python -m anybind --help``; the commands live in ``cli/_main.py``.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
 
     >>> main(["--help"])  # doctest: +SKIP
     """
-    from ._cli import main as cli_main
+    from .cli import main as cli_main
     return cli_main(argv)
 
 

@@ -4,29 +4,24 @@ from __future__ import annotations
 import functools
 import re
 import threading
-import weakref
 from typing import Any, Callable, Literal, Union
 
 import jax
 import jax.numpy as jnp
 from jax import tree_util
-from jax._src import config
-
-from . import _closures, _compiled, _debug, _gpu, _partition
-from ._hostcall import pop_host_error
-from ._primitive import Family
-from ._roles import check_symmetric
-from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
+from . import routes  # noqa: F401  (registers the routes of host, compiled and device code)
+from .core import _closures, _debug, _jax, _sharding
+from .core._code import is_compiled
+from .core._errors import pop_host_error
+from .core._frontends import FRONT_ENDS, LIVE_OPS, front
+from .core._primitive import Family
+from .core._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
+from .core.roles import check_symmetric
+from .routes import _compiled, _gpu_device
 
 VmapMode = Union[Literal["sequential", "vectorized"], Callable[..., Any]]
 RuleVmap = Union[Literal["sequential", "vectorized"], Callable[..., Any], None]
 
-# Other frameworks' array types -> how an op runs on them (filled by a front end
-# when it is first used, e.g. torch.Tensor by ``_torch``), so that bound ops
-# called inside a rule on those arrays dispatch to that front end.
-FRONT_ENDS: dict = {}
-# Every live op by id(op), for front ends that can pass only numbers (torch.compile).
-LIVE_OPS: "weakref.WeakValueDictionary[int, Op]" = weakref.WeakValueDictionary()
 
 
 class _Op:
@@ -62,7 +57,7 @@ class _Op:
                             f"argument separately) and linear={linear!r} exclude each other")
         self.transpose_rules: dict = {}  # argnum -> Rule, for a multilinear op
         self.traced = bool(traced)
-        _gpu.check_declaration(self.name, "ab.bind", traced, device, host)
+        _gpu_device.check_declaration(self.name, "ab.bind", traced, device, host)
         self.device, self.host = bool(device), host  # GPU code, and its host fallback
         self.symmetric = bool(symmetric)  # ∂f(x) = ∂f(x)ᵀ: the jvp rule serves as the vjp
         self.has_side_effect = bool(has_side_effect)
@@ -70,9 +65,9 @@ class _Op:
         self._calls: dict = {}
         self._lock = threading.Lock()
         self._version = 0
-        self._host_errors: dict = {}  # see _hostcall.remember_host_error
+        self._host_errors: dict = {}  # see core._errors.remember_host_error
         self.inplace = bool(out)
-        self.shard = _partition.parse_rule(self.name, shard, replicated)
+        self.shard = _sharding.parse_rule(self.name, shard, replicated)
         self._shard_factors: dict = {}
         if self.shard is not None and self.has_side_effect:
             raise TypeError(f"anybind op '{self.name}': has_side_effect=True runs the function "
@@ -124,7 +119,7 @@ class _Op:
         rules += [f"transpose in {i}" for i in sorted(self.transpose_rules)]
         kind = " linear" if self.linear else " multilinear" if self.multilinear else ""
         kind += " symmetric" if self.symmetric else ""
-        code = "traced" if self.traced else "compiled" if _compiled.is_compiled(self.fn) \
+        code = "traced" if self.traced else "compiled" if is_compiled(self.fn) \
             else "device" if self.device else "host"
         return (f"<anybind op '{self.name}' {code}"
                 f"{kind} rules={rules} vmap={self.vmap!r}>")
@@ -147,7 +142,7 @@ class _Op:
         if out and traced:
             raise TypeError(f"anybind op '{self.name}': def_{kind}(out=True) is for host rules "
                             f"that write into preallocated outputs; a traced rule returns them")
-        _gpu.check_declaration(self.name, f"def_{kind}", traced, device, host)
+        _gpu_device.check_declaration(self.name, f"def_{kind}", traced, device, host)
 
         def register(r):
             if not callable(r):
@@ -156,7 +151,7 @@ class _Op:
             _compiled.adopt(self, kind, r, traced)
             if callable(vmap):  # a batched variant of the rule
                 _compiled.adopt(self, f"{kind}.vmap", vmap, traced)
-            if out and _compiled.is_compiled(r):
+            if out and is_compiled(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind}(out=True) is for "
                                 f"Python host rules; a compiled rule always writes into "
                                 f"XLA's buffers (anybind's C calling convention)")
@@ -384,11 +379,10 @@ class _Op:
         >>> cube.torch(x).backward(); x.grad
         tensor(12., dtype=torch.float64)
         """
-        front = self.__dict__.get("_torch_front")  # made by the first use (hot path)
-        if front is not None:
-            return front
-        from ._torch import torch_op
-        return torch_op(self)
+        made = self.__dict__.get("_torch_front")  # made by the first use (hot path)
+        if made is not None:
+            return made
+        return front("torch", self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if FRONT_ENDS:
@@ -402,14 +396,14 @@ class _Op:
         ks = [_as_operand(self, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
         key = (args_tree, kw_tree, static, tuple(to_aval(x) for x in xs),
                tuple(to_aval(k) for k in ks), tuple(type(v) for _, v in static))
-        call = self._calls.get((key, config.enable_x64.value))  # x64 decides declared dtypes
+        call = self._calls.get((key, _jax.enable_x64.value))  # x64 decides declared dtypes
         if call is None:
             call = self._make_call(*key)
         if _debug.enabled():
             call = call.debugging
-        if call.closed or any(isinstance(x, jax.core.Tracer) for x in (*xs, *ks)):
+        if call.closed or any(isinstance(x, _jax.Tracer) for x in (*xs, *ks)):
             # inside shard_map: one set of varying axes
-            ops = _partition.vary([*xs, *ks, *call.closed])
+            ops = _sharding.vary([*xs, *ks, *call.closed])
             outs = self._family["primal"].bind(*ops, call=call, batch=None)
         else:  # eager: a failing host call surfaces as the HostError it raised
             try:
@@ -430,7 +424,7 @@ class _Op:
                                                  for x in xs),
                tuple(to_aval(_as_operand(self, k, "input")) for k in ks),
                tuple(type(v) for _, v in static))
-        return self._calls.get((key, config.enable_x64.value)) or self._make_call(*key)
+        return self._calls.get((key, _jax.enable_x64.value)) or self._make_call(*key)
 
     def _make_call(self, args_tree, kw_tree, static, in_avals, kw_avals, static_types) -> Call:
         out_tree, out_avals, paths = infer_outputs(
@@ -449,7 +443,7 @@ class _Op:
         call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
                     out_avals, paths, kw_paths, res_tree, res_avals, static_types, self._version)
         if self.shard is not None:
-            _partition.factors_of(call)  # the rule must fit: a TypeError at the first call
+            _sharding.factors_of(call)  # the rule must fit: a TypeError at the first call
         nested = False
         if _closures.under_trace():  # the op's code may close over tracers of this trace
             _closures.check_host(self)
@@ -462,7 +456,7 @@ class _Op:
             return call
         with self._lock:
             self._calls[((args_tree, kw_tree, static, in_avals, kw_avals, static_types),
-                         config.enable_x64.value)] = call
+                         _jax.enable_x64.value)] = call
         return call
 
 
@@ -522,14 +516,14 @@ for _name in ("def_jvp", "def_vjp", "def_transpose", "def_fwd", "def_bwd", "def_
 def _front_end(args, kwargs):
     """The front end whose arrays appear among the arguments, if any."""
     for leaf in tree_util.tree_leaves((args, kwargs)):
-        for kind, front in FRONT_ENDS.items():
+        for kind, run in FRONT_ENDS.items():
             if isinstance(leaf, kind):
-                return front
+                return run
     return None
 
 
 def _as_operand(op: Op, x, what: str):
-    if isinstance(x, (jax.Array, jax.core.Tracer)):
+    if isinstance(x, (jax.Array, _jax.Tracer)):
         return x
     try:
         return jnp.asarray(x)

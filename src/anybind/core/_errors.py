@@ -1,0 +1,90 @@
+"""The errors anybind raises about an op's code, and where host errors wait for their caller.
+
+=======================  ==========================================================
+name                     what it is
+=======================  ==========================================================
+``MissingRuleError``     a transformation needs a rule the op does not have
+``HostError``            host or compiled code failed, or returned the wrong thing
+``remember_host_error``  keeps a failed call's HostError for its eager caller
+``pop_host_error``       the HostError behind a runtime error of an op's program
+``find_host_error``      likewise for any recent op (``ab.debug`` re-raises it)
+=======================  ==========================================================
+"""
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+
+
+class MissingRuleError(NotImplementedError):
+    """A transformation needs a rule the op does not have."""
+
+
+MissingRuleError.__module__ = "anybind"  # as users name it: anybind.MissingRuleError
+
+
+class HostError(RuntimeError):
+    """An error raised by, or about, host code while a compiled program ran.
+
+    An eager call raises it itself, with the user's exception as its cause.
+    Inside ``jit`` XLA turns it into ``jax.errors.JaxRuntimeError``, whose
+    message ends with ``HostError: anybind op '…': …`` (see the README);
+    ``with ab.debug():`` re-raises the HostError itself there too.
+    """
+
+
+HostError.__module__ = "anybind"  # as users name it: anybind.HostError
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # anybind/
+_RECENT: dict = {}  # the last few HostErrors, by message
+_RECENT_LOCK = threading.Lock()
+
+
+def remember_host_error(op, err: HostError) -> None:
+    """Keep a failed call's HostError, keyed by its message, for an eager caller to re-raise.
+
+    The runtime error that reaches the caller carries the message, so each
+    caller finds its own error, whichever thread ran the callback.
+    """
+    with op._lock:
+        errors = op._host_errors
+        errors[str(err)] = err
+        while len(errors) > 64:  # errors of jitted calls are never collected by a caller
+            errors.pop(next(iter(errors)))
+    with _RECENT_LOCK:  # for ab.debug(), which re-raises them from jitted calls too
+        _RECENT.pop(str(err), None)
+        _RECENT[str(err)] = err
+        while len(_RECENT) > 8:
+            _RECENT.pop(next(iter(_RECENT)))
+
+
+def where(e: BaseException) -> str:
+    """Where the user's code raised: the outermost frame below anybind's own."""
+    frames = traceback.extract_tb(e.__traceback__)
+    inside = [i for i, f in enumerate(frames) if f.filename.startswith(_PACKAGE)]
+    if not inside or inside[-1] + 1 >= len(frames):
+        return ""
+    f = frames[inside[-1] + 1]
+    return f" (in {f.name}, {f.filename}:{f.lineno})"
+
+
+def find_host_error(runtime_error: BaseException) -> HostError | None:
+    """The HostError whose message a runtime error of a compiled program carries, if recent."""
+    text = str(runtime_error)
+    with _RECENT_LOCK:
+        for msg in reversed(_RECENT):
+            if msg in text:
+                return _RECENT[msg]
+    return None
+
+
+def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
+    text = str(runtime_error)
+    with op._lock:
+        for msg in op._host_errors:
+            if msg in text:
+                return op._host_errors.pop(msg)
+    mark = f"anybind op '{op.name}': the compiled "  # an error of compiled code (_shim.c)
+    if mark in text:
+        return HostError(text[text.index(mark):])
+    return None

@@ -1,0 +1,122 @@
+"""The one seam between anybind and JAX's non-public API.
+
+Every ``jax._src`` symbol anybind uses, and every symbol of a JAX namespace
+that JAX does not document as stable (``jax.interpreters.*``, ``jax.core``'s
+internals), is imported here and nowhere else, one line per symbol, saying
+what it is for and since which JAX release it has the form used. A JAX
+upgrade touches this file; differences between the releases of the supported
+window (``pyproject.toml``: the oldest, up to the newest tested) are handled
+here and nowhere else.
+
+Public JAX (``jax.ffi``, ``jax.extend``, ``jax.export``, ``jax.sharding``,
+``jax.experimental.custom_partitioning``, ``jax.shard_map``) is imported where
+it is used.
+"""
+from __future__ import annotations
+
+import jax
+from jax.extend import core as _xcore
+
+from jax._src import api_util as _api_util
+from jax._src import config as _config
+from jax._src import core as _core
+from jax._src import dispatch as _dispatch
+from jax._src import dtypes as _dtypes
+from jax._src import effects as _effects
+from jax._src import linear_util as _lu
+from jax._src import mesh as _mesh
+from jax._src import sharding_impls as _sharding_impls
+from jax._src import traceback_util as _traceback_util
+from jax._src import util as _util
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import mlir as _mlir
+
+VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
+
+# ---------------------------------------------------------------- primitives
+Primitive = _xcore.Primitive                      # an op's primitives (jax.extend, 0.4.30)
+ShapedArray = _core.ShapedArray                   # avals of operands and results (0.4)
+Tracer = _core.Tracer                             # what an enclosing trace passes in (0.4)
+eval_jaxpr = _core.eval_jaxpr                     # closure-converted code replayed (0.4)
+jaxpr_as_fun = _xcore.jaxpr_as_fun                # a closed jaxpr as a function (jax.extend, 0.4.30)
+trace_ctx = _core.trace_ctx                       # the current trace: is a call under one (0.4.36)
+EvalTrace = _core.EvalTrace                       # the trace of eager evaluation (0.4.36)
+
+# ------------------------------------------------------------ rule tables
+primitive_jvps = _ad.primitive_jvps               # jvp rule per primitive (0.4)
+primitive_transposes = _ad.primitive_transposes   # transpose rule per primitive (0.4)
+primitive_linearizations = _ad.primitive_linearizations  # linearize rule, keeps residuals (0.5)
+primitive_batchers = _batching.primitive_batchers  # vmap rule per primitive (0.4)
+fancy_primitive_batchers = _batching.fancy_primitive_batchers  # cleared with an op (0.4.36)
+register_lowering = _mlir.register_lowering       # MLIR lowering per primitive (0.4)
+lowerings = _mlir._lowerings                      # cleared when an op is collected (0.4)
+platform_specific_lowerings = _mlir._platform_specific_lowerings  # likewise (0.4)
+requires_devices_during_lowering = _dispatch.prim_requires_devices_during_lowering  # shard= (0.4.31)
+
+# --------------------------------------------------------------- autodiff
+Zero = _ad.Zero                                   # a symbolic zero tangent or cotangent (0.4)
+UndefinedPrimal = _ad.UndefinedPrimal             # a linear operand under transposition (0.4)
+instantiate_zeros = _ad.instantiate_zeros         # a symbolic zero as an array (0.4)
+linearize_from_jvp = _ad.linearize_from_jvp       # a jvp rule as a linearize rule (0.5)
+wrap_init = _lu.wrap_init                         # a function as JAX's linear_util form (0.5: debug_info=)
+debug_info = _api_util.debug_info                 # the debug info wrap_init takes (0.5)
+float0 = _dtypes.float0                           # the tangent dtype of integer values (0.4)
+dtype_of = _dtypes.dtype                          # dtype of a value, float0 included (0.4)
+issubdtype = _dtypes.issubdtype                   # knows JAX's extended dtypes (0.4)
+canonicalize_dtype = _dtypes.canonicalize_dtype   # a dtype as x64 mode makes it (0.4)
+
+# ----------------------------------------------------------------- effects
+Effect = _effects.Effect                          # has_side_effect=True ops (0.4)
+no_effects = _effects.no_effects                  # (0.4)
+lowerable_effects = _effects.lowerable_effects    # (0.4)
+control_flow_allowed_effects = _effects.control_flow_allowed_effects  # (0.4)
+custom_derivatives_allowed_effects = _effects.custom_derivatives_allowed_effects  # (0.4)
+remat_allowed_effects = _effects.remat_allowed_effects  # (0.4)
+
+# ------------------------------------------------------------ configuration
+bool_state = _config.bool_state                   # the ANYBIND_DEBUG flag, part of cache keys (0.4)
+enable_x64 = _config.enable_x64                   # declared dtypes follow it (0.4)
+disable_jit = _config.disable_jit                 # an eager call runs compiled (0.4)
+eager_constant_folding = _config.eager_constant_folding  # off in eager programs (0.6)
+use_direct_linearize = _config.use_direct_linearize  # linearize vs jvp+partial eval (0.5)
+check_vma = _config._check_vma                    # shard_map varying-axes checking (0.7)
+weakref_cache_key_types = _util.weakref_cache_key_types  # Call in JAX's weakref caches (0.4)
+register_traceback_exclusion = _traceback_util.register_exclusion  # hide library frames (0.4)
+
+# ----------------------------------------------------------------- lowering
+lower_fun = _mlir.lower_fun                       # traced code inlined into a lowering (0.4)
+full_like_aval = _mlir.full_like_aval             # constant results of a lowering (0.4)
+string_attr_value = lambda attr: _mlir.ir.StringAttr(attr).value  # noqa: E731  a lowering's attribute (0.4)
+
+
+def stable_custom_call_targets() -> set:
+    """jax.export's set of custom-call targets it serialises without complaint (0.4.30)."""
+    from jax._src.export import _export
+    return _export._CUSTOM_CALL_TARGETS_GUARANTEED_STABLE
+
+
+# ------------------------------------------------------------ many devices
+get_abstract_mesh = _mesh.get_abstract_mesh       # the mesh of the current trace (0.5)
+ShardingContext = _sharding_impls.ShardingContext  # a lowering for many devices (0.4.31)
+ManualAxisType = getattr(_core, "ManualAxisType", None)  # the varying axes of an aval (0.10)
+empty_varying = getattr(_core, "empty_mat", None)  # no varying axes (0.10)
+pvary = getattr(_core, "pvary", None)             # mark a value varying over axes (0.7)
+
+
+def varying_axes(aval) -> frozenset:
+    """The manual mesh axes ``aval`` varies over (``vma``); empty outside shard_map."""
+    mat = getattr(aval, "mat", None)
+    if mat is not None:  # 0.10: a ManualAxisType
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))  # 0.7 – 0.9
+
+
+def typed_aval(shape, dtype, sharding, axes) -> ShapedArray:
+    """An aval with a sharding that varies over the manual mesh axes ``axes``."""
+    axes = frozenset(axes)
+    if ManualAxisType is not None:  # 0.10
+        mat = ManualAxisType(varying=axes) if axes else empty_varying
+        return ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=mat)
+    return ShapedArray(shape, dtype, sharding=sharding, vma=axes)  # 0.7 – 0.9
+

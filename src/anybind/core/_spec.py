@@ -1,0 +1,364 @@
+"""What the user declared, and what one call of an op looks like.
+
+``Call`` is the static description of one call site: the pytree structure of
+the positional arguments, the keyword operands and the static keywords, the
+flat input avals and the declared outputs. It is hashable, so it travels as a
+primitive parameter and keys JAX's compilation caches.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax import tree_util
+from ._jax import ShapedArray, Tracer, canonicalize_dtype, issubdtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A user rule and whether it is JAX code (traced) or host code.
+
+    ``vmap`` says how a host rule batches: ``"sequential"``, ``"vectorized"``,
+    a host function with the rule's signature written for batched arrays, or
+    None for the op's mode (see ``_batching.host_mode``).
+
+    ``out``: host code that writes its results into XLA's buffers (``out=``)
+    and returns None, instead of returning them.
+
+    ``device``: GPU code (``device=True``) that runs on XLA's device buffers as
+    CuPy arrays, and ``host`` its fallback in programs compiled for the CPU (see
+    ``_gpu``).
+    """
+    fn: Callable[..., Any]
+    traced: bool
+    symbolic_zeros: bool = False
+    input_shapes: bool = False
+    vmap: Any = None
+    out: bool = False
+    device: bool = False
+    host: Callable[..., Any] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "traced" if self.traced else "device" if self.device else "host"
+
+
+class like:
+    """Output spec equal to the shape and dtype of positional argument ``index``.
+
+    >>> import anybind as ab, numpy as np
+    >>> double = ab.bind(lambda x: 2 * x, shape=ab.like(0))
+    >>> double(np.ones(3, np.float32)).dtype
+    dtype('float32')
+    """
+
+    def __init__(self, index: int):
+        if not isinstance(index, int) or index < 0:
+            raise TypeError(f"ab.like takes a non-negative argument index, got {index!r}")
+        self.index = index
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.index >= len(args):
+            raise TypeError(
+                f"shape=ab.like({self.index}) refers to positional argument {self.index}, "
+                f"but the op was called with {len(args)} positional argument(s)")
+        return args[self.index]
+
+    def __repr__(self) -> str:
+        return f"ab.like({self.index})"
+
+
+def is_float(aval) -> bool:
+    """Whether values of this aval have a non-trivial tangent space."""
+    return issubdtype(aval.dtype, np.inexact)
+
+
+def fmt_aval(a) -> str:
+    return f"{np.dtype(a.dtype).name}{list(a.shape)}"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Call:
+    """One call signature of an op: structure, avals and static keywords.
+
+    It holds its op (``op_ref``) strongly, so a jaxpr that uses the op keeps it
+    alive, except in the twin that an op's own eager programs carry
+    (``weak()``), which holds it weakly; both compare and hash alike, by the
+    op's token, never reused.
+    """
+    op_ref: Any = dataclasses.field(compare=False)  # the Op, or a weakref.ref to it
+    args_tree: Any  # treedef of the tuple of positional arguments
+    kw_tree: Any  # treedef of the dict of keyword operands
+    static: tuple  # sorted (name, value) pairs of static keywords
+    in_avals: tuple  # flat positional leaves
+    kw_avals: tuple  # flat keyword operand leaves
+    out_tree: Any
+    out_avals: tuple
+    out_paths: tuple = dataclasses.field(compare=False, hash=False)
+    kw_paths: tuple = dataclasses.field(compare=False, hash=False)
+    res_tree: Any = None  # residuals saved by a fwd rule for its bwd rule
+    res_avals: tuple = ()
+    static_types: tuple = ()  # so that 1, 1.0 and True are different static values
+    version: int = 0  # the op's rules version: redefining a rule makes new calls
+    # Tracers of enclosing traces that the op's traced code closes over: the last
+    # ``n_closure`` leaves of ``kw_avals``, bound as operands (see _closures.py).
+    n_closure: int = 0
+    closed: tuple = dataclasses.field(default=(), compare=False, hash=False)
+    converted: Any = dataclasses.field(default=None, compare=False, hash=False)
+    debug: bool = False  # made in debug mode (see _debug): its programs check more
+    # for a ``without_residuals`` Call, the Call it came from (whose fwd rule keeps them)
+    with_residuals: Any = dataclasses.field(default=None, compare=False, hash=False)
+    op_token: int = -1  # the op's identity, for comparison and hashing; set from op_ref
+
+    def __post_init__(self):
+        if self.op_token == -1:
+            object.__setattr__(self, "op_token", self.op._family.eager.token)
+
+    @property
+    def op(self):
+        op = self.op_ref
+        if type(op) is weakref.ref:
+            op = op()
+            if op is None:
+                raise ReferenceError(
+                    "an anybind op was garbage collected while a program of its own eager "
+                    "cache was being traced; keep a reference to the op")
+        return op
+
+    @functools.cached_property
+    def without_residuals(self) -> "Call":
+        """This call as if the op had no fwd/bwd rules: forward mode's, which keeps none."""
+        return dataclasses.replace(self, res_tree=None, res_avals=(), with_residuals=self)
+
+    @functools.cached_property
+    def debugging(self) -> "Call":
+        """This call in debug mode: a different primitive parameter, so a different program."""
+        return dataclasses.replace(self, debug=True)
+
+    def weak(self) -> "Call":
+        """This call, holding its op weakly (see ``_lifetime``)."""
+        return dataclasses.replace(self, op_ref=weakref.ref(self.op))
+
+    @property
+    def n_in(self) -> int:
+        return len(self.in_avals)
+
+    @functools.cached_property
+    def arg_trees(self) -> tuple:
+        """The treedef of each positional argument."""
+        return tuple(self.args_tree.children())
+
+    @property
+    def n_args(self) -> int:
+        return len(self.arg_trees)
+
+    def leaves_of(self, argnums) -> set:
+        """The flat leaf indices of the given positional arguments."""
+        starts = np.cumsum([0] + [t.num_leaves for t in self.arg_trees])
+        return {i for a in argnums if a < self.n_args for i in range(starts[a], starts[a + 1])}
+
+    @functools.cached_property
+    def float_in(self) -> tuple:
+        return tuple(is_float(a) for a in self.in_avals)
+
+    @functools.cached_property
+    def float_out(self) -> tuple:
+        return tuple(is_float(a) for a in self.out_avals)
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.op_token, self.args_tree, self.kw_tree, self.static, self.in_avals,
+                     self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
+                     self.res_avals, self.static_types, self.version, self.n_closure,
+                     self.debug))
+
+    def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
+        return self._hash
+
+    def __eq__(self, other) -> bool:  # the op first: other ops' fields may not compare
+        if self is other:
+            return True
+        if type(other) is not Call or self.op_token != other.op_token:
+            return False
+        return all(_same(getattr(self, f), getattr(other, f)) for f in _COMPARED)
+
+    @functools.cached_property
+    def _flat_args(self) -> bool:
+        """Whether every positional argument is a single array."""
+        return self.args_tree == tree_util.tree_structure((0,) * self.n_in)
+
+    @functools.cached_property
+    def _static(self) -> dict:
+        return dict(self.static)
+
+    @functools.cached_property
+    def leaf_out(self) -> bool:
+        """Whether the output is a single array (no pytree around it)."""
+        return tree_util.treedef_is_leaf(self.out_tree)
+
+    def args(self, xs) -> tuple:
+        return tuple(xs) if self._flat_args else self.args_tree.unflatten(list(xs))
+
+    def kwargs(self, ks) -> dict:
+        """Keyword operands and static keywords; only to be unpacked with ``**``."""
+        if self.n_closure:
+            ks = ks[:len(ks) - self.n_closure]
+        if not ks:
+            return self._static
+        kw = self.kw_tree.unflatten(list(ks))
+        kw.update(self.static)
+        return kw
+
+    def __repr__(self) -> str:
+        ins = ", ".join(fmt_aval(a) for a in self.in_avals)
+        kws = "".join(f", {p[2:-2] if p.startswith('[') else p}={fmt_aval(a)}"
+                      for p, a in zip(self.kw_paths, self.kw_avals))
+        static = "".join(f", {k}={v!r}" for k, v in self.static)
+        outs = ", ".join(fmt_aval(a) for a in self.out_avals)
+        return f"{self.op.name}({ins}{kws}{static}) -> ({outs})"
+
+    @functools.cached_property
+    def input_shapes(self) -> tuple:
+        """The positional arguments as pytrees of ShapeDtypeStruct."""
+        return self.args([_sds(a) for a in self.in_avals])
+
+    @property
+    def n_kw(self) -> int:
+        """The number of keyword operand leaves the user passed (without closures)."""
+        return len(self.kw_avals) - self.n_closure
+
+    def is_closure(self, i: int) -> bool:
+        """Whether keyword operand leaf ``i`` is a closed-over value."""
+        return i >= self.n_kw
+
+    def kw_name(self, i: int) -> str:
+        if self.is_closure(i):
+            return f"closed-over value {i - self.n_kw} ({fmt_aval(self.kw_avals[i])})"
+        return f"keyword argument {self.kw_paths[i]}"
+
+    def out_name(self, j: int) -> str:
+        path = self.out_paths[j]
+        return f"output {j}" + (f" ({path})" if path else "")
+
+
+def _same(a, b) -> bool:
+    """``a == b``, where a PyTreeDef may meet None (a treedef refuses that comparison)."""
+    if a is None or b is None:
+        return a is b
+    return a == b
+
+
+# The rules version first: a call made before def_fwd has no residual tree to compare.
+_COMPARED = ("version",) + tuple(f.name for f in dataclasses.fields(Call)
+                                 if f.compare and f.name not in ("op_token", "version"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """How a primitive application is batched.
+
+    Every operand carries one leading batch axis: of length ``size`` where
+    ``mask`` is True, of length 1 (broadcast against the batch) where False.
+    Every output carries a leading axis of length ``size``. Nested ``vmap``
+    merges its axis into this one, so a host function always sees exactly one.
+    """
+    size: int
+    mask: tuple
+
+
+class InBatched(tuple):
+    """The ``in_batched`` a vmap rule receives.
+
+    A tuple with one entry per positional argument (a pytree of bools matching
+    that argument); ``.kwargs`` holds the same for keyword operands.
+    """
+    kwargs: dict
+
+
+def _sds(aval) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+
+
+def to_aval(x) -> ShapedArray:
+    aval = jax.typeof(x)
+    return ShapedArray(aval.shape, aval.dtype)
+
+
+def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None,
+                  what: str = "output spec"):
+    """Evaluate a declared spec (the op's outputs by default) on these inputs."""
+    args = args_tree.unflatten([_sds(a) for a in in_avals])
+    kwargs = kw_tree.unflatten([_sds(a) for a in kw_avals])
+    kwargs.update(static)
+    if what == "output spec":
+        shape = op.shape
+    if shape is None:
+        if op.traced:
+            flat_args = [*in_avals, *kw_avals]
+            out = jax.eval_shape(
+                lambda *leaves: op.fn(*args_tree.unflatten(leaves[:len(in_avals)]),
+                                      **kw_tree.unflatten(leaves[len(in_avals):]),
+                                      **dict(static)),
+                *[_sds(a) for a in flat_args])
+        else:
+            raise TypeError(
+                f"anybind op '{op.name}': a host function needs an output spec; pass "
+                f"shape=ab.like(0), a jax.ShapeDtypeStruct pytree, or a callable of the "
+                f"inputs' ShapeDtypeStructs to ab.bind")
+    elif callable(shape):
+        try:
+            out = shape(*args, **kwargs)
+        except Exception as e:
+            raise TypeError(
+                f"anybind op '{op.name}': the {what} {shape!r} failed on inputs "
+                f"{args!r} with keywords {kwargs!r}: {type(e).__name__}: {e}") from e
+    else:
+        out = shape
+    leaves_with_path, out_tree = tree_util.tree_flatten_with_path(out)
+    out_avals = []
+    for path, leaf in leaves_with_path:
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            raise TypeError(
+                f"anybind op '{op.name}': the {what} must be a pytree of objects with "
+                f"shape and dtype (jax.ShapeDtypeStruct), but at "
+                f"{tree_util.keystr(path) or 'the root'} it holds {leaf!r}")
+        dtype = canonicalize_dtype(leaf.dtype)
+        out_avals.append(ShapedArray(tuple(leaf.shape), dtype))
+    paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
+    if (op.linear or op.multilinear) and what == "output spec":
+        bad = [i for i, a in enumerate([*in_avals, *out_avals]) if not is_float(a)]
+        if bad:
+            declared = "linear=True" if op.linear else "multilinear=True"
+            raise TypeError(
+                f"anybind op '{op.name}' is declared {declared}, so its positional inputs "
+                f"and outputs must be floating or complex; got inputs "
+                f"{[fmt_aval(a) for a in in_avals]} and outputs {[fmt_aval(a) for a in out_avals]}")
+    return out_tree, tuple(out_avals), paths
+
+
+def split_kwargs(op, kwargs: dict):
+    """Separate keyword operands (pytrees of arrays) from static keywords."""
+    operands, static = {}, []
+    for name, value in kwargs.items():
+        leaves = tree_util.tree_leaves(value)
+        if leaves and all(_is_array(l) for l in leaves):
+            operands[name] = value
+            continue
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"anybind op '{op.name}': keyword argument '{name}' is neither an array "
+                f"(a non-differentiable operand) nor hashable (a static value); got "
+                f"{type(value).__name__}. Pass arrays, or make static values hashable "
+                f"(e.g. a tuple instead of a list)") from None
+        static.append((name, value))
+    return operands, tuple(sorted(static))
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, Tracer))

@@ -1,0 +1,196 @@
+"""The four roles an op's primitives play, and what implements each.
+
+=========  ===========================  ================================
+role       operands                     computes
+=========  ===========================  ================================
+primal     (xs, ks)                     f(x)
+fwd        (xs, ks)                     f(x) and residuals r (fwd rule)
+jvp        (xs, ks, [rs], ẋ)            ∂f(x)·ẋ, linear in ẋ
+vjp        (xs, ks, [rs], ȳ)            ∂f(x)ᵀ·ȳ, linear in ȳ (bwd rule on r, if any)
+transpose  (ks, ȳ)                      Aᵀ·ȳ for a linear op f(x) = A·x
+=========  ===========================  ================================
+
+Each role's forms (plain, in place, symmetric, multilinear, derived from
+another rule) are side by side in its own module:
+
+=============  =====================================================================
+module         forms
+=============  =====================================================================
+``_primal``    the function (plain, in place), the fwd rule, the vmap rule
+``_jvp``       plain, in place, derived from a traced vjp rule, JAX's jvp of traced f
+``_vjp``       plain, in place, bwd rule (plain, in place), symmetric
+``_transpose`` plain, in place, self (symmetric), JAX's of traced f, multilinear
+``_common``    zeros, operand layout and output checks they share
+=============  =====================================================================
+
+``rule_of`` says whose code implements a role, ``make_run`` builds its runner
+``run(*operands) -> leaves`` (in place: ``run(ins, outs) -> None``).
+
+A ``symmetric=True`` op has ∂f(x)ᵀ = ∂f(x): its vjp role runs the jvp rule
+with ȳ as the tangent, and a linear one is its own transpose. "Transpose" is
+JAX's: no complex conjugation, ⟨ȳ, J·ẋ⟩ = ⟨Jᵀ·ȳ, ẋ⟩ with ⟨a, b⟩ = Re Σ a·b.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax.numpy as jnp
+
+from .._errors import MissingRuleError
+from .._spec import Call, Rule, fmt_aval
+from . import _jvp, _primal, _transpose, _vjp
+from ._common import (ROLE_NAMES, ROLES, check_traced_outputs, out_avals, out_names, role_name,
+                      uses_residuals)
+
+__all__ = ["ROLES", "ROLE_NAMES", "Layout", "MissingRuleError", "check_symmetric", "derives_jvp",
+           "make_run", "missing_rule_message", "out_avals", "out_names", "role_name",
+           "rule_of", "traced_run", "uses_residuals"]
+
+
+class Layout:
+    """Where a role's operands stand: inputs x, keyword operands k, the linear ones."""
+
+    def __init__(self, role: str, call: Call, n_operands: int):
+        n, m = call.n_in, len(call.kw_avals)
+        self.xs = range(0) if role == "transpose" else range(0, n)
+        self.ks = range(self.xs.stop, self.xs.stop + m)
+        stop = self.ks.stop
+        self.rs = range(stop, stop + len(call.res_avals)) if role in ("jvp", "vjp") \
+            else range(stop, stop)
+        if role == "primal" and call.op.linear:
+            self.lin, self.nonlin = self.xs, self.ks
+        else:
+            self.lin = range(self.rs.stop, n_operands)
+            self.nonlin = range(0, self.rs.stop)
+
+
+def derives_jvp(call: Call) -> bool:
+    """Whether the jvp is the transpose of a traced vjp rule (the op has no jvp rule)."""
+    vr = call.op.vjp_rule
+    return (call.op.jvp_rule is None and vr is not None and vr.traced
+            and not uses_residuals(call))
+
+
+def check_symmetric(call: Call) -> None:
+    """A symmetric Jacobian is square: one positional argument, an output like it."""
+    op = call.op
+    if call.n_args != 1 or call.out_tree != call.arg_trees[0] \
+            or call.out_avals != call.in_avals or not all(call.float_in):
+        raise TypeError(
+            f"anybind op '{op.name}' is declared symmetric=True, so its Jacobian must be "
+            f"square: one positional argument of floating or complex leaves and an output of "
+            f"the same structure, shapes and dtypes; got {call.n_args} positional "
+            f"argument(s) with leaves {[fmt_aval(a) for a in call.in_avals]} and outputs "
+            f"{[fmt_aval(a) for a in call.out_avals]}")
+    given = [k for k in ("vjp", "fwd", "bwd") if getattr(op, f"{k}_rule") is not None]
+    if given:
+        raise TypeError(
+            f"anybind op '{op.name}' is declared symmetric=True, so its jvp rule serves as "
+            f"the vjp; it cannot also have a {' or '.join(given)} rule. Drop symmetric=True "
+            f"to use them")
+
+
+def rule_of(role: str, call: Call, need=None) -> Rule | None:
+    """The user's code that implements a role, or None when it is missing."""
+    op = call.op
+    if role == "transpose" and op.multilinear:
+        return _transpose.multilinear_rule(call, need)
+    if role == "primal":
+        return Rule(op.fn, op.traced, out=op.inplace, device=op.device, host=op.host)
+    if role == "fwd":
+        return op.fwd_rule
+    if role == "jvp":
+        if op.jvp_rule is None and derives_jvp(call):  # f_jvp transposes the traced vjp
+            return op.vjp_rule
+        if op.jvp_rule is None and op.symmetric and op.traced:
+            return Rule(_jvp.jax_jvp_rule(op.fn), True)
+        return op.jvp_rule
+    if role == "vjp":
+        if op.symmetric:  # the jvp rule, run with ȳ as its tangent
+            return rule_of("jvp", call)
+        return op.bwd_rule if uses_residuals(call) else op.vjp_rule
+    if op.transpose_rule is not None:
+        return op.transpose_rule
+    if op.linear and op.symmetric and not op.inplace:
+        return Rule(_transpose.self_transpose(op.fn), op.traced, device=op.device,
+                    host=op.host and _transpose.self_transpose(op.host))
+    if op.linear and op.traced:  # JAX transposes the traced function itself
+        return Rule(op.fn, True)
+    return None
+
+
+def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable:
+    """The runner of ``role`` by ``rule``: ``run(*operands) -> leaves``, or for a host rule
+    registered with ``out=True``, ``run(ins, outs) -> None``."""
+    if rule.traced and call.converted is not None:  # code closing over tracers, hoisted
+        run = call.converted.run(role, call, lin, need)
+        if run is not None:
+            return run
+    op, zeros_as_none = call.op, rule.symbolic_zeros
+    if role == "primal":
+        return _primal.primal(call, rule.fn, xp, lead, inplace=rule.out)
+    if role == "fwd":
+        if rule.out:
+            raise TypeError(f"anybind op '{op.name}': the fwd rule cannot be in place")
+        return _primal.fwd(call, rule.fn, xp, lead)
+    if role == "jvp":
+        if rule.out:
+            return _jvp.jvp_inplace(call, rule.fn, lin, lead, zeros_as_none)
+        if derives_jvp(call):
+            return _jvp.transposed_vjp(
+                call, lin, traced_run("vjp", call, op.vjp_rule, call.float_out, lin))
+        return _jvp.jvp(call, rule.fn, lin, xp, lead, zeros_as_none)
+    if role == "vjp":
+        if uses_residuals(call):
+            if rule.out:
+                return _vjp.bwd_inplace(call, rule.fn, lin, need, lead, zeros_as_none)
+            return _vjp.bwd(call, rule.fn, lin, need, xp, lead, zeros_as_none)
+        if rule.out:
+            return _vjp.vjp_inplace(call, rule.fn, lin, need, lead, zeros_as_none)
+        if op.symmetric:
+            return _vjp.symmetric_vjp(call, rule.fn, lin, need, xp, lead, zeros_as_none)
+        return _vjp.vjp(call, rule.fn, lin, need, xp, lead, zeros_as_none)
+    if rule.out:
+        return _transpose.transpose_inplace(call, rule.fn, lin, need, lead, zeros_as_none,
+                                            rule.input_shapes)
+    if op.multilinear:
+        return _transpose.multilinear(call, rule, need, xp, lead)
+    if op.transpose_rule is None and op.symmetric:  # its own transpose
+        return _transpose.transpose(call, rule.fn, lin, need, xp, lead)
+    if op.transpose_rule is None:  # derived from a traced linear function
+        primal = make_run("primal", call, Rule(op.fn, True), None, None, jnp, ())
+        return _transpose.traced_linear_transpose(call, lin, need, primal)
+    return _transpose.transpose(call, rule.fn, lin, need, xp, lead, zeros_as_none,
+                                rule.input_shapes)
+
+
+def missing_rule_message(role: str, op) -> str:
+    if role == "jvp":
+        return (f"anybind op '{op.name}' has no jvp rule, so forward-mode differentiation "
+                f"(jvp, jacfwd, linearize) cannot evaluate its tangent; add one with "
+                f"op.def_jvp(rule), or give a traced vjp rule (def_vjp(rule, traced=True)), "
+                f"from which the jvp is derived by transposition")
+    if role == "vjp" and op.symmetric:
+        return (f"anybind op '{op.name}' is declared symmetric=True, so reverse mode runs its "
+                f"jvp rule, but it has none; add one with op.def_jvp(rule)")
+    if role == "vjp":
+        return (f"anybind op '{op.name}' has no vjp rule, so reverse-mode differentiation "
+                f"(grad, vjp, jacrev, linear_transpose of its tangent map) cannot run; add one "
+                f"with op.def_vjp(rule), or make its jvp rule traced "
+                f"(def_jvp(rule, traced=True)) so that JAX can transpose it")
+    return (f"anybind op '{op.name}' is linear but has no transpose rule, so reverse mode "
+            f"(grad, vjp, linear_transpose) cannot run; add one with op.def_transpose(rule)")
+
+
+def traced_run(role: str, call: Call, rule: Rule, lin, need) -> Callable[..., list]:
+    """A role run by traced code: ``make_run`` on jax.numpy, its outputs checked and
+    conformed by ``check_traced_outputs``."""
+    run = make_run(role, call, rule, lin, need, jnp, ())
+    return checked(call, role, run, out_avals(role, call, lin, need), out_names(role, call, need))
+
+
+def checked(call: Call, role: str, run: Callable, avals, names) -> Callable[..., list]:
+    def f(*ops):
+        return check_traced_outputs(call, role, run(*ops), avals, names)
+    return f

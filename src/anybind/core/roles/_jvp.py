@@ -1,0 +1,101 @@
+"""The jvp role: (x, ẋ) ↦ ∂f(x)·ẋ, linear in ẋ.
+
+==========================  ==============================================================
+form                        what runs
+==========================  ==============================================================
+plain                       ``jvp(primals, tangents, **kw) -> tangent of the output``
+in place (``out=True``)     ``jvp(primals, tangents, out=out, **kw) -> None``; ``out``
+                            holds the tangent buffer of each floating output leaf
+derived from a traced vjp   ẋ ↦ the transpose of the traced vjp rule ȳ ↦ ∂f(x)ᵀ·ȳ
+traced, symmetric, no rule  JAX's own jvp of the traced function
+==========================  ==============================================================
+
+Operands: xs, ks, [rs], ẋ (the present tangents, by ``lin``); outputs: the
+tangents of the floating output leaves.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from .._errors import MissingRuleError
+from .._jax import jaxpr_as_fun
+from .._spec import Call
+from ._common import check_none, filler, flatten_outputs, out_avals, selector
+
+
+def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=(),
+        symbolic: bool = False) -> Callable[..., list]:
+    n, m = call.n_in, len(call.kw_avals)
+    r = len(call.res_avals)
+    fill = filler(lin, call.in_avals, call.float_in, xp, lead, symbolic)
+    select = selector(call.float_out, call.out_avals, xp, lead)
+
+    def run(*ops):
+        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m + r:]
+        out = fn(call.args(xs), call.args(fill(ts)), **call.kwargs(ks))
+        return select(flatten_outputs(call, "jvp", out))
+    return run
+
+
+def tangent_out(call: Call) -> Callable[[list], object]:
+    """The views of the floating outputs' tangents ↦ ``out`` of a jvp rule."""
+    if call.leaf_out:
+        return lambda outs: outs[0]
+    slots = [j for j, f in enumerate(call.float_out) if f]
+    blank = [None] * len(call.out_avals)
+
+    def make(outs):
+        full = list(blank)
+        for j, o in zip(slots, outs):
+            full[j] = o
+        return call.out_tree.unflatten(full)
+    return make
+
+
+def jvp_inplace(call: Call, fn: Callable, lin, lead=(), symbolic: bool = False) -> Callable:
+    """jvp(primals, tangents, out=∂f(x)·ẋ)."""
+    n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
+    fill = filler(lin, call.in_avals, call.float_in, np, lead, symbolic)
+    out_of = tangent_out(call)
+
+    def run(ins, outs) -> None:
+        xs, ks, ts = ins[:n], ins[n:n + m], ins[n + m + r:]
+        check_none(call, "jvp", fn(call.args(xs), call.args(fill(ts)), out=out_of(outs),
+                                    **call.kwargs(ks)))
+    return run
+
+
+def jax_jvp_rule(fn: Callable) -> Callable:
+    """JAX's own jvp of a traced function, as a jvp rule."""
+    def jvp(primals, tangents, **kw):
+        return jax.jvp(lambda *a: fn(*a, **kw), primals, tangents)[1]
+    return jvp
+
+
+def transposed_vjp(call: Call, lin, vjp_run: Callable) -> Callable[..., list]:
+    """ẋ ↦ ∂f(x)·ẋ as the transpose of the traced vjp rule ȳ ↦ ∂f(x)ᵀ·ȳ.
+
+    Built only when ``f_jvp`` itself is evaluated (forward mode); reverse mode
+    transposes ``f_jvp`` into ``f_vjp``, which runs the rule as given, so a vjp
+    rule that is not linear in ȳ (clipping, straight-through) serves reverse mode.
+    """
+    n, m = call.n_in, len(call.kw_avals)
+    run = vjp_run
+    sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals("jvp", call, None, None)]
+
+    def run_jvp(*ops):
+        fixed, ts = ops[:n + m], ops[n + m:]
+        vjp_jaxpr = jax.make_jaxpr(lambda *cts: run(*fixed, *cts))(*sds)  # the rule's errors
+        try:
+            return list(jax.linear_transpose(jaxpr_as_fun(vjp_jaxpr), *sds)(list(ts)))
+        except Exception as e:  # JAX raises NotImplementedError, AssertionError, RuntimeError
+            raise MissingRuleError(
+                f"anybind op '{call.op.name}' has no jvp rule, and its traced vjp rule is not "
+                f"linear in the cotangent, so forward mode (jvp, jacfwd, linearize) cannot "
+                f"derive one by transposing it ({type(e).__name__}: {e}). Such a vjp rule "
+                f"(clipping, straight-through, gradient reversal) serves reverse mode only; "
+                f"give a jvp rule (op.def_jvp(rule, traced=True)) for forward mode") from e
+    return run_jvp

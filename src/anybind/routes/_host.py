@@ -1,0 +1,294 @@
+"""What every route of host code shares: the runner of a role, and its guard.
+
+Host code gets NumPy views of XLA's own input and output buffers without
+copying, runs the user's code, and every result is checked against the
+declared shape and dtype before it is written into the output buffer. The
+runner is registered with the module being compiled, so the executable keeps
+the user's function and rules alive for as long as it exists.
+
+====================  ===========================================================
+piece                 what it does
+====================  ===========================================================
+``runner_for``        ``build(call, batch)`` of a site: the host runner of its
+                      role for that call (a shard's, under ``shard=``)
+``make_host_runner``  ``runner(ins, outs)`` of a role: calls the user's code (per
+                      batch mode), checks and stores its results
+``host_callback``     ``guarded(ins, outs)``: the runner, a failure turned into
+                      the op's ``HostError`` (kept for eager callers, ``ab.debug``)
+``not_exported``      Python code in a program for ``jax.export``: a clear error
+``platform``          the one platform of a lowering
+``Slot``, ``emit``    a registered runner, and the custom call that runs it
+====================  ===========================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import numpy as np
+import jax.ffi
+
+from ..core import _debug, _jax
+from ..core._batching import declared_out_batched, host_mode
+from ..core._errors import HostError, remember_host_error, where
+from ..core._lowering import Site
+from ..core._spec import Batch, Call, Rule
+from ..core.roles import make_run, out_avals, out_names
+from ..core.roles._common import exact_python_scalar, is_python_scalar
+from ..core.roles._primal import call_vmap_rule, vmap_rule_inplace
+
+GPU_PLATFORMS = ("cuda", "rocm")
+
+_NARROWED = {np.dtype(w): np.dtype(n) for w, n in ((np.int64, np.int32), (np.uint64, np.uint32),
+                                                   (np.float64, np.float32),
+                                                   (np.complex128, np.complex64))}
+
+
+def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: bool,
+               narrow: bool = False, xp=np) -> np.ndarray:
+    """Check one returned value against the declared aval; never cast or broadcast silently.
+
+    With ``narrow`` (x64 off: JAX narrowed the declared 64-bit dtype to 32
+    bits, as it narrows every array), a 64-bit result is narrowed the same way,
+    integers only where every value fits.
+    """
+    if r is None:
+        raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
+                        f"{np.dtype(aval.dtype).name}{list(shape)}")
+    if is_python_scalar(r):
+        v = exact_python_scalar(r, aval.dtype)
+        if v is None:
+            raise HostError(
+                f"anybind op '{call.op.name}': {what} is the Python {type(r).__name__} {r!r}, "
+                f"which {np.dtype(aval.dtype).name} cannot hold exactly; declared shape "
+                f"{shape} and dtype {np.dtype(aval.dtype).name}")
+        r = xp.asarray(v)
+    else:
+        r = xp.asarray(r)
+    if narrow and _NARROWED.get(r.dtype) == aval.dtype:
+        v = r.astype(aval.dtype)
+        if r.dtype.kind in "iu" and not bool(xp.array_equal(v, r)):
+            raise HostError(
+                f"anybind op '{call.op.name}': {what} has dtype {r.dtype} and values that "
+                f"{np.dtype(aval.dtype).name} (its declared dtype with x64 off) cannot hold")
+        r = v
+    ok_shape = r.shape == shape or (allow_lead_one and r.shape == (1,) + shape[1:])
+    if not ok_shape or r.dtype != aval.dtype:
+        raise HostError(
+            f"anybind op '{call.op.name}': {what} has shape {r.shape} and dtype {r.dtype}; "
+            f"declared shape {shape} and dtype {np.dtype(aval.dtype).name}")
+    return r
+
+
+def runner_for(site: Site, xp=np) -> Callable[[Call, Batch | None], Callable]:
+    """``build(call, batch)``: the host runner of ``site``'s role for ``call`` and ``batch``.
+
+    The batching is the site's: a vmap rule replaces the batched primal, rules
+    batch by their own ``vmap=`` or the op's mode (``host_mode``).
+    """
+    role, rule, lin, need = site.role, site.rule, site.lin, site.need
+    if site.by_vmap_rule:
+        mode = rule
+    elif site.batch is not None:
+        rule, mode = host_mode(role, rule, site.op)
+    else:
+        mode = None
+    names = out_names(role, site.call, need)
+
+    def build(call: Call, batch: Batch | None) -> Callable:
+        return make_host_runner(
+            call, site.name, lambda lead: make_run(role, call, rule, lin, need, xp, lead),
+            out_avals(role, call, lin, need), names, batch, mode, inplace=rule.out, xp=xp)
+    return build
+
+
+def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: Sequence,
+                     out_names: Sequence[str], batch: Batch | None, mode,
+                     inplace: bool = False, xp=np) -> Callable:
+    """Returns ``runner(inputs, outputs)`` that fills the output arrays in place.
+
+    ``xp``: the module of the arrays (NumPy; CuPy for device code, see ``_gpu``).
+    """
+    if inplace:  # the user's function writes into XLA's output buffers itself
+        runner = _inplace_runner(call, make_run, batch, mode)
+        if call.debug:
+            runner = _debug.check_written(runner, call.op.name, role_name, out_names)
+        return runner
+    # x64 off: 64-bit results narrow as JAX narrowed their declared dtypes (read here, while
+    # lowering, in the caller's context; the callback may run on another thread).
+    as_result = functools.partial(_as_result, narrow=not _jax.enable_x64.value, xp=xp)
+    ndarray, arrays = xp.ndarray, (xp.ndarray, np.generic)
+
+    def what(j, b=None):
+        row = "" if b is None else f" at batch index {b}"
+        return f"the {role_name}'s {out_names[j]}{row}"
+
+    expected = [(a.shape, np.dtype(a.dtype)) for a in out_avals]
+
+    def store(o, r, j, shape, b=None, allow_lead_one=False):
+        """Write one result, after checking it (cheaply when it is already right)."""
+        if not (type(r) is ndarray and r.shape == shape and r.dtype == expected[j][1]):
+            r = as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
+        o[...] = r
+
+    if batch is None:
+        run = make_run(())
+        if len(expected) == 1:  # the hot path, inlined
+            e = expected[0]
+
+            def runner(ins, outs):
+                (r,) = run(*ins)
+                if not (type(r) is ndarray and (r.shape, r.dtype) == e):
+                    r = as_result(call, what(0), r, out_avals[0], e[0], False)
+                outs[0][...] = r
+            return runner
+
+        checks = [(j, e[0], e[1]) for j, e in enumerate(expected)]
+
+        def runner(ins, outs):  # the hot path of VJPs, inlined
+            res = run(*ins)
+            for j, shape, dtype in checks:
+                r = res[j]
+                if not (type(r) is ndarray and r.shape == shape and r.dtype == dtype):
+                    r = as_result(call, what(j), r, out_avals[j], shape, False)
+                outs[j][...] = r
+        return runner
+
+    size, mask = batch.size, batch.mask
+    if mode == "vectorized":
+        run = make_run((1,))
+        shapes = [(size,) + e[0] for e in expected]
+
+        def runner(ins, outs):
+            for j, (r, o) in enumerate(zip(run(*ins), outs)):
+                store(o, r, j, shapes[j], allow_lead_one=True)
+        return runner
+
+    if mode == "sequential":
+        run = make_run(())
+        batched = [i for i, m in enumerate(mask) if m]
+        checks = list(enumerate(expected))
+
+        def runner(ins, outs):
+            row = [x[0, ...] for x in ins]  # unbatched inputs keep their one row
+            for b in range(size):
+                for i in batched:
+                    row[i] = ins[i][b, ...]  # a view, 0-d for scalar rows
+                res = run(*row)
+                for j, e in checks:
+                    r = res[j]
+                    if not (isinstance(r, arrays) and r.shape == e[0] and r.dtype == e[1]):
+                        r = as_result(call, what(j, b), r, out_avals[j], e[0], False)
+                    outs[j][b] = r
+        return runner
+
+    # A user vmap rule for the primal function.
+    declared = declared_out_batched(call, batch)
+
+    def runner(ins, outs):
+        leaves, flags = call_vmap_rule(call, mode.fn, batch, ins)
+        if declared is not None:
+            for j, (f, d) in enumerate(zip(flags, declared)):
+                if f and not d:
+                    raise HostError(
+                        f"anybind op '{call.op.name}': the vmap rule returned {out_names[j]} "
+                        f"batched, but its out_batched= declaration says it is unbatched "
+                        f"for in_batched {batch.mask}")
+        for j, (r, f, o) in enumerate(zip(leaves, flags, outs)):
+            shape = ((size,) if f else ()) + expected[j][0]
+            o[...] = as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
+                                shape, False)
+    return runner
+
+
+def _inplace_runner(call: Call, make_run: Callable, batch: Batch | None, mode) -> Callable:
+    if batch is None:
+        return make_run(())
+    if isinstance(mode, Rule):  # an in-place vmap rule: one call for the whole batch
+        return vmap_rule_inplace(call, mode.fn, batch)
+    if mode == "vectorized":
+        return make_run((1,))
+    run, mask = make_run(()), batch.mask
+
+    def runner(ins, outs):
+        for b in range(batch.size):
+            run([x[b] if m else x[0] for x, m in zip(ins, mask)], [o[b, ...] for o in outs])
+    return runner
+
+
+def host_callback(call: Call, role_name: str, runner: Callable,
+                  device: bool = False) -> Callable:
+    """``guarded(ins, outs)``: runs ``runner`` on arrays, keeps a failure's HostError.
+
+    ``ins`` are read-only views of XLA's input buffers (copies in debug mode);
+    ``device``: they are device arrays already (``_gpu``), used as they are.
+    """
+    op_name, op = call.op.name, call.op
+    copy = call.debug and not device
+
+    def guarded(ins, outs):
+        try:
+            runner(_debug.inputs(ins) if copy else ins, outs)
+        except Exception as e:
+            # Under jit only the message reaches the caller (XLA drops the cause, the
+            # notes and the frames), so the message says where the user's code failed;
+            # the cause keeps the whole story.
+            if not isinstance(e, HostError):
+                err = HostError(f"anybind op '{op_name}': the {role_name} raised "
+                                f"{type(e).__name__}: {e}{where(e)}")
+                err.__cause__ = e
+                e = err
+            remember_host_error(op, e)
+            raise e.with_traceback(None)
+    return guarded
+
+
+def not_exported(ctx, call: Call, role_name: str) -> None:
+    """Python code cannot be serialised: a clear error when the program is for export."""
+    if ctx.module_context.lowering_parameters.for_export:
+        raise ValueError(
+            f"anybind op '{call.op.name}': its {role_name} is Python host code, which "
+            f"jax.export cannot serialise; bind a compiled function (a Numba @cfunc, a "
+            f"ctypes or cffi function of anybind's C calling convention) or a traced one "
+            f"to export programs that use it")
+
+
+def single_platform(ctx) -> str | None:
+    """The platform of a lowering for one platform, else None."""
+    platforms = ctx.module_context.platforms
+    return platforms[0] if len(platforms) == 1 else None
+
+
+def platform(ctx, call: Call) -> str:
+    """The one platform of this lowering (host and device code need one)."""
+    platforms = ctx.module_context.platforms
+    if len(platforms) != 1:
+        raise NotImplementedError(
+            f"anybind op '{call.op.name}': host and device code lower for one platform at "
+            f"a time; this program is lowered for {list(platforms)} at once (lower it for "
+            f"each platform)")
+    return platforms[0]
+
+
+def cpu_only(ctx, call: Call, what: str = "host code") -> None:
+    """A clear error unless this lowering is for the CPU alone."""
+    platforms = ctx.module_context.platforms
+    if list(platforms) != ["cpu"]:
+        raise NotImplementedError(
+            f"anybind op '{call.op.name}': {what} runs on the CPU backend only; this "
+            f"program is compiled for {list(platforms)}. Bind a traced (JAX) function, or "
+            f"place the computation on the CPU (jax.jit(..., device=jax.devices('cpu')[0])).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """How a program's custom call reaches a registered host callback."""
+    target: str
+    attrs: tuple  # ((name, value), ...)
+
+
+def emit(ctx, *args, slot: Slot, has_side_effect: bool):
+    """The custom call that runs the host callback registered as ``slot`` on ``args``."""
+    rule = jax.ffi.ffi_lowering(slot.target, has_side_effect=has_side_effect)
+    return rule(ctx, *args, **dict(slot.attrs))

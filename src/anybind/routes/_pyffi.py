@@ -1,0 +1,138 @@
+"""Python host code through anybind's own FFI handler (``_pycall.c``) on the CPU.
+
+XLA's buffer callback reaches a host function through jaxlib's Python layer:
+a ``Buffer`` object per operand, a call with an execution context, then
+anybind's views. anybind's handler takes the GIL, makes NumPy arrays over
+XLA's buffers itself and calls the guarded runner (``_host``) with them,
+at about a third of the cost per call (benchmarks/README.md). Where the
+handler was not built (no C compiler at install) or an operand has a dtype
+NumPy cannot view, host code takes XLA's buffer callback (``_callback``).
+
+=================  ==============================================================
+piece              what it does
+=================  ==============================================================
+``handler``        the extension, with the registry and the dtype table handed to
+                   it, and the target registered with XLA; ``None`` if not built
+``usable``         whether a custom call with these avals can take this route
+``claims``         host code in a CPU program whose operands NumPy can view
+``slot``           ``register``, as the slot of a custom call
+``register``       hands the program being lowered the callable (as one of its
+                   host callbacks, which XLA's route would call and this one never
+                   does) and a weak reference to it to the registry, under a fresh
+                   key: the program holds its callbacks exactly as XLA's own route
+                   does, so ops are collected as before (``_lifetime``)
+=================  ==============================================================
+
+The key is passed as the attribute ``anybind_callback``; it is meaningful in
+this process only, which is why ``jax.export`` refuses host code before
+lowering reaches here (``_host.not_exported``).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core import _lifetime
+from ..core._lowering import Site
+from ._host import Slot, emit, host_callback, not_exported, runner_for, single_platform
+
+TARGET = "anybind_python"
+ATTRIBUTE = "anybind_callback"
+enabled = True  # False: every host call takes XLA's buffer callback (benchmarks compare both)
+
+_registry: dict[int, weakref.ref] = {}  # key -> callable, read by the handler under the GIL
+_viewable: set[str] = set()  # the dtypes of _CODES that this NumPy and ml_dtypes have
+_keys = itertools.count(1)
+_lock = threading.Lock()
+
+# XLA_FFI_DataType codes (xla/ffi/api/c_api.h) of the dtypes NumPy views directly
+_CODES = {"bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint8": 6,
+          "uint16": 7, "uint32": 8, "uint64": 9, "float16": 10, "float32": 11, "float64": 12,
+          "complex64": 15, "bfloat16": 16, "complex128": 18, "float8_e5m2": 19,
+          "float8_e4m3fn": 20, "float8_e4m3b11fnuz": 23, "float8_e5m2fnuz": 24,
+          "float8_e4m3fnuz": 25, "float8_e4m3": 28, "float8_e3m4": 29}
+
+
+class _Held:
+    """The callable as the compiled program holds it (among its host callbacks)."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable) -> None:
+        self.callback = callback
+
+    def __call__(self, *args):
+        raise RuntimeError("anybind: a callable of anybind's Python FFI handler was called "
+                           "as XLA's buffer callback")
+
+
+_loaded: list = []  # [the extension, or None], once loaded
+
+
+def handler():
+    """The handler's extension module, ready to use, or ``None`` where it was not built."""
+    if not _loaded:
+        with _lock:
+            if not _loaded:
+                _loaded.append(_load())
+    return _loaded[0]
+
+
+def _load():
+    try:
+        from . import _pycall
+    except ImportError:
+        return None
+    import jax
+    import jax.ffi
+    import ml_dtypes
+    _pycall.set_registry(_registry)
+    for name, code in _CODES.items():
+        dtype = getattr(ml_dtypes, name, None) if name.startswith(("bfloat", "float8")) \
+            else np.dtype(name)
+        if dtype is not None:  # a float8 type that this ml_dtypes lacks is left out
+            _pycall.set_dtype(code, dtype)
+            _viewable.add(name)
+    jax.devices("cpu")  # XLA asks the handler for its version: only once a backend exists
+    jax.ffi.register_ffi_target(TARGET, _pycall.handler(), platform="cpu")
+    return _pycall
+
+
+def usable(avals: Sequence) -> bool:
+    """Whether a host call on operands and results of these avals can take this route."""
+    return (enabled and handler() is not None
+            and all(np.dtype(a.dtype).name in _viewable for a in avals))
+
+
+def register(module_context, callback: Callable) -> int:
+    """Register ``callback(ins, outs)`` for the program being lowered; its key."""
+    with _lock:
+        key = next(_keys)
+    module_context.add_host_callback(_Held(callback))
+    _registry[key] = weakref.ref(callback, lambda _, key=key: _registry.pop(key, None))
+    return key
+
+
+def slot(ctx, guarded: Callable) -> Slot:
+    """Register ``guarded(ins, outs)`` with the program being lowered, as a custom call's slot."""
+    key = register(ctx.module_context, _lifetime.held(ctx, guarded))
+    return Slot(TARGET, ((ATTRIBUTE, np.int64(key)),))
+
+
+class Route:
+    name = "pyffi"
+
+    def claims(self, site: Site) -> bool:
+        ctx = site.ctx
+        return (single_platform(ctx) == "cpu"
+                and usable([*ctx.avals_in, *ctx.avals_out]))
+
+    def lower(self, site: Site, *args):
+        ctx, call = site.ctx, site.call
+        not_exported(ctx, call, site.name)
+        guarded = host_callback(call, site.name, runner_for(site)(call, site.batch))
+        return emit(ctx, *args, slot=slot(ctx, guarded), has_side_effect=site.effect)

@@ -1,0 +1,381 @@
+"""Derivatives and batching of torch nodes: ``_derivatives`` and ``_batching`` for torch.
+
+What ``_Fn.backward``, ``_Fn.jvp`` and ``_Fn.vmap`` compute, per node role
+(``_front.Node``), in JAX's convention (``backward`` conjugates at its
+boundary, see ``_front``):
+
+==========  ===========================================  ==============================
+role        backward: ȳ ↦ x̄                               jvp: ẋ ↦ ẏ
+==========  ===========================================  ==============================
+primal      vjp/bwd rule; else the transpose of a        jvp rule; else the transpose
+            traced jvp rule (``torch.func.vjp``)          of a traced vjp rule
+linear op   transpose rule (or torch's, traced fn)        f(ẋ)
+jvp         in ẋ: the vjp node (its transpose)            in ẋ: itself
+vjp         in ȳ: the jvp node                            in ȳ: itself
+transpose   in ȳ: f                                       in ȳ: itself
+==========  ===========================================  ==============================
+
+A host rule's node in its non-linear operands (x) cannot be differentiated:
+that raises ``MissingRuleError`` naming the op and the rule. Traced rules run
+inline on torch tensors, so torch differentiates them to every order.
+Zeros: an absent tangent or cotangent is ``None`` and is left out of the
+operands (recorded in ``lin``); a result nobody needs is ``None``.
+A batched node's derivatives are ``torch.vmap`` of the unbatched node's.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..core._errors import MissingRuleError
+from ..core._spec import Batch, Call
+from ..core.roles import missing_rule_message, uses_residuals
+from ..core.roles import _jvp, _primal, _transpose as _transposes, _vjp
+from ._front import TXP, Node, apply, check_outputs, torch_dtype, traced
+
+
+def _conj(t):
+    return t.conj() if t is not None and t.is_complex() else t
+
+
+def _zeros(aval) -> torch.Tensor:
+    return torch.zeros(aval.shape, dtype=torch_dtype("", aval.dtype))
+
+
+def _keyword_error(call: Call, i: int, action: str) -> TypeError:
+    return TypeError(
+        f"anybind op '{call.op.name}': {call.kw_name(i)} is a non-differentiable operand, but "
+        f"{action} through it under op.torch. Pass it as a positional argument to "
+        f"differentiate with respect to it, or .detach() it")
+
+
+def _higher_order_error(node: Node) -> MissingRuleError:
+    op, kind = node.call.op, {"jvp": "jvp", "vjp": "vjp", "transpose": "transpose"}[node.role]
+    if node.role == "vjp" and uses_residuals(node.call):
+        kind = "bwd"
+    return MissingRuleError(
+        f"anybind op '{op.name}': a higher-order derivative under op.torch differentiates its "
+        f"{node.name}, which is host code. Host rules give first derivatives only; for higher "
+        f"orders register the rule as traced (op.def_{kind}(rule, traced=True)), written with "
+        f"plain array arithmetic and bound ops so that it also runs on torch tensors")
+
+
+def _checked(node: Node, role: str, name: str, run, ops, avals) -> list:
+    outs = traced(node.call, name, run, ops)
+    check_outputs(node.call, name, outs, [a.shape for a in avals],
+                  [torch_dtype(node.call.op.name, a.dtype) for a in avals],
+                  [f"{role} output {j}" for j in range(len(avals))])
+    return outs
+
+
+def _transpose_of(f, avals, cts) -> list:
+    """Aᵀ·ȳ for a linear f (JAX convention), by torch's vjp at zero."""
+    zeros = [_zeros(a) for a in avals]
+    _, pullback = torch.func.vjp(lambda *v: tuple(f(*v)), *zeros)
+    return [_conj(c) for c in pullback(tuple(_conj(c) for c in cts))]
+
+
+# ------------------------------------------------------------------- backward
+
+def backward(node: Node, ops: list, outs: list, cts: list, needs: Sequence[bool]) -> list:
+    """torch's gradients (conjugate convention) of the node's operands."""
+    res = cotangents(node, ops, outs, [_conj(c) for c in cts], needs)
+    return [_conj(r) for r in res]
+
+
+def cotangents(node: Node, ops: list, outs: list, cts: list, needs) -> list:
+    """x̄ = ∂f(x)ᵀ·ȳ for every operand (None where not needed or zero)."""
+    if node.batch is not None:
+        return _batched_cotangents(node, ops, outs, cts, needs)
+    if node.role == "primal":  # the common case, planned once per pattern of zeros
+        key = (tuple([c is not None for c in cts]), tuple(needs))
+        plan = node.plans.get(key, False)
+        if plan is False:
+            plan = node.plans[key] = _host_vjp_plan(node, *key)
+        if plan is not None:
+            vjp_node, given, wanted = plan
+            res = [None] * len(ops)
+            for i, c in zip(wanted, apply(vjp_node, [*ops, *[cts[j] for j in given]])):
+                res[i] = c
+            return res
+    call, role, op = node.call, node.role, node.call.op
+    lay = node.layout(len(ops))
+    for k, i in enumerate(lay.ks):
+        if needs[i]:
+            raise _keyword_error(call, k, "a gradient was asked")
+    res = [None] * len(ops)
+    if role in ("primal", "fwd"):
+        n_out = len(call.out_avals)
+        cts = cts[:n_out]
+        ct_lin = tuple(c is not None and f for c, f in zip(cts, call.float_out))
+        need = tuple(bool(needs[i]) and call.float_in[i] for i in range(call.n_in))
+        if not any(need) or not any(ct_lin):
+            return res
+        present = [c for c, p in zip(cts, ct_lin) if p]
+        xs, ks = ops[:call.n_in], ops[call.n_in:]
+        if op.linear:
+            xbar = _transpose(node, xs, ks, present, ct_lin, need)
+        else:
+            xbar = _primal_vjp(node, xs, ks, outs[n_out:], present, ct_lin, need)
+        for i, c in zip([i for i, k in enumerate(need) if k], xbar):
+            res[i] = c
+        return res
+    if any(needs[i] for i in lay.nonlin):
+        raise _higher_order_error(node)
+    und = [bool(needs[i]) for i in lay.lin]
+    present = tuple(c is not None for c in cts)
+    if not any(und) or not any(present):
+        return res
+    pcts = [c for c in cts if c is not None]
+    nonlin = [ops[i] for i in lay.nonlin]
+    out = _LINEAR_TRANSPOSES[role](node, nonlin, pcts, und, present)
+    for i, c in zip([i for i, u in zip(lay.lin, und) if u], out):
+        res[i] = c
+    return res
+
+
+def _host_vjp_plan(node: Node, present, needs):
+    """(vjp node, present cotangents, wanted operands) when the op's host vjp rule
+    alone answers this pattern of zeros; None when the general path must decide."""
+    call, op = node.call, node.call.op
+    vr = op.vjp_rule
+    if op.linear or uses_residuals(call) or vr is None or vr.traced or \
+            any(needs[call.n_in:]):
+        return None
+    ct_lin = tuple(p and f for p, f in zip(present, call.float_out))
+    need = tuple(bool(needs[i]) and call.float_in[i] for i in range(call.n_in))
+    if not any(need) or not any(ct_lin):
+        return None
+    return (node.derived("vjp", None, ct_lin, need), [j for j, p in enumerate(ct_lin) if p],
+            [i for i, k in enumerate(need) if k])
+
+
+def _primal_vjp(node: Node, xs, ks, rs, cts, ct_lin, need) -> list:
+    call, op = node.call, node.call.op
+    vr, jr = op.vjp_rule, op.jvp_rule
+    if uses_residuals(call):
+        return apply(node.derived("vjp", None, ct_lin, need), [*xs, *ks, *rs, *cts])
+    if vr is not None and not vr.traced:
+        return apply(node.derived("vjp", None, ct_lin, need), [*xs, *ks, *cts])
+    avals = [a for a, k in zip(call.in_avals, need) if k]
+    if vr is not None:
+        run = _vjp.vjp(call, vr.fn, ct_lin, need, TXP, (), vr.symbolic_zeros)
+        return _checked(node, "vjp", "vjp rule", run, [*xs, *ks, *cts], avals)
+    if jr is not None and jr.traced:  # the vjp is the transpose of the traced jvp
+        run = _jvp.jvp(call, jr.fn, need, TXP, (), jr.symbolic_zeros)
+        it = iter(cts)
+        full = [next(it) if p else _zeros(a) for p, a, f in
+                zip(ct_lin, call.out_avals, call.float_out) if f]
+        return _transpose_of(lambda *ts: run(*xs, *ks, *ts), avals, full)
+    raise MissingRuleError(missing_rule_message("vjp", op))
+
+
+def _transpose(node: Node, xs, ks, cts, ct_lin, need) -> list:
+    """A linear op's x̄ = Aᵀ·ȳ."""
+    call, op = node.call, node.call.op
+    tr = op.transpose_rule
+    avals = [a for a, k in zip(call.in_avals, need) if k]
+    if tr is not None and not tr.traced:
+        return apply(node.derived("transpose", None, ct_lin, need), [*ks, *cts])
+    if tr is not None:
+        run = _transposes.transpose(call, tr.fn, ct_lin, need, TXP, (), tr.symbolic_zeros,
+                               tr.input_shapes)
+        return _checked(node, "transpose", "transpose rule", run, [*ks, *cts], avals)
+    if op.traced:  # torch transposes the traced function itself
+        f = _primal.primal(call, op.fn, TXP)
+        idx = [i for i, k in enumerate(need) if k]
+
+        def g(*v):
+            full = list(xs)
+            for i, x in zip(idx, v):
+                full[i] = x
+            return [o for o, fl in zip(f(*full, *ks), call.float_out) if fl]
+        it = iter(cts)
+        full = [next(it) if p else _zeros(a) for p, a, f in
+                zip(ct_lin, call.out_avals, call.float_out) if f]
+        return _transpose_of(g, avals, full)
+    raise MissingRuleError(missing_rule_message("transpose", op))
+
+
+def _t_jvp(node: Node, nonlin, cts, und, present) -> list:
+    """f_jvp in ẋ: ȳ ↦ f_vjp(x, ȳ) for the wanted ẋ."""
+    call = node.call
+    positions = [p for p, b in enumerate(node.lin) if b]
+    wanted = {p for p, u in zip(positions, und) if u}
+    need_x = tuple(p in wanted for p in range(len(node.lin)))
+    it = iter(present)
+    ct_lin = tuple(next(it) if f else False for f in call.float_out)
+    return apply(node.derived("vjp", None, ct_lin, need_x), [*nonlin, *cts])
+
+
+def _t_vjp(node: Node, nonlin, cts, und, present) -> list:
+    """f_vjp in ȳ: x̄ ↦ f_jvp(x, x̄) for the wanted ȳ."""
+    call = node.call
+    positions = [p for p, b in enumerate(node.lin) if b]
+    got = [i for i, k in enumerate(node.need) if k]
+    given = {i for i, p in zip(got, present) if p}
+    ct_lin = tuple(i in given for i in range(call.n_in))
+    float_pos = [j for j, f in enumerate(call.float_out) if f]
+    wanted = [float_pos.index(p) for p, u in zip(positions, und) if u]
+    outs = apply(node.derived("jvp", None, ct_lin, None), [*nonlin, *cts])
+    return [outs[k] for k in wanted]
+
+
+def _t_transpose(node: Node, nonlin, cts, und, present) -> list:
+    """f_transpose in ȳ: x̄ ↦ f(x̄) at the wanted ȳ."""
+    call = node.call
+    positions = [p for p, b in enumerate(node.lin) if b]
+    wanted = [p for p, u in zip(positions, und) if u]
+    got = [i for i, k in enumerate(node.need) if k]
+    given = {i for i, p in zip(got, present) if p}
+    it = iter(cts)
+    xs = [next(it) if i in given else _zeros(a) for i, a in enumerate(call.in_avals)]
+    outs = apply(node.derived("primal"), [*xs, *nonlin])
+    return [outs[p] for p in wanted]
+
+
+_LINEAR_TRANSPOSES = {"jvp": _t_jvp, "vjp": _t_vjp, "transpose": _t_transpose}
+
+
+# ---------------------------------------------------------------- forward mode
+
+def forward(node: Node, ops: list, outs: list, ts: list) -> list:
+    """ẏ = ∂f(x)·ẋ for every output of the node (None for integer outputs)."""
+    if node.batch is not None:
+        return _batched_tangents(node, ops, outs, ts)
+    call, role, op = node.call, node.role, node.call.op
+    lay = node.layout(len(ops))
+    for k, i in enumerate(lay.ks):
+        if ts[i] is not None:
+            raise _keyword_error(call, k, "a tangent flows")
+    res = [None] * node.n_out
+    if role in ("primal", "fwd"):
+        n = call.n_in
+        present = tuple(ts[i] is not None and call.float_in[i] for i in range(n))
+        if not any(present):
+            return [None if not f else torch.zeros_like(o)
+                    for o, f in zip(outs, node.float_out)]
+        xs, ks = ops[:n], ops[n:]
+        pts = [t for t, p in zip(ts, present) if p]
+        if op.linear:
+            it = iter(pts)
+            full = [next(it) if p else _zeros(a) for p, a in zip(present, call.in_avals)]
+            tan = apply(node.derived("primal"), [*full, *ks])
+        else:
+            tan = _primal_jvp(node, xs, ks, outs[len(call.out_avals):], pts, present)
+        it = iter(tan)
+        for j, f in enumerate(call.float_out):
+            if f:
+                res[j] = next(it)
+        return res
+    if any(ts[i] is not None for i in lay.nonlin):
+        raise _higher_order_error(node)
+    sel = [i for i in lay.lin if ts[i] is not None]
+    if not sel:
+        return [torch.zeros_like(o) for o in outs]
+    positions = [p for p, b in enumerate(node.lin) if b]
+    chosen = {positions[i - lay.lin.start] for i in sel}
+    new_lin = tuple(p in chosen for p in range(len(node.lin)))
+    nonlin = [ops[i] for i in lay.nonlin]
+    return apply(node.derived(role, None, new_lin, node.need), [*nonlin, *[ts[i] for i in sel]])
+
+
+def _primal_jvp(node: Node, xs, ks, rs, ts, present) -> list:
+    call, op = node.call, node.call.op
+    jr, vr = op.jvp_rule, op.vjp_rule
+    avals = [a for a, f in zip(call.out_avals, call.float_out) if f]
+    if jr is not None and not jr.traced:
+        return apply(node.derived("jvp", None, present, None), [*xs, *ks, *rs, *ts])
+    if jr is not None:
+        run = _jvp.jvp(call, jr.fn, present, TXP, (), jr.symbolic_zeros)
+        return _checked(node, "jvp", "jvp rule", run, [*xs, *ks, *rs, *ts], avals)
+    if vr is not None and vr.traced and not uses_residuals(call):
+        run = _vjp.vjp(call, vr.fn, call.float_out, present, TXP, (), vr.symbolic_zeros)
+        return _transpose_of(lambda *cts: run(*xs, *ks, *cts), avals, ts)
+    raise MissingRuleError(missing_rule_message("jvp", op))
+
+
+# -------------------------------------------------------------------- batching
+
+def _squeezed(ops, mask):
+    return [o if m else o[0] for o, m in zip(ops, mask)]
+
+
+def _batched_cotangents(node: Node, ops, outs, cts, needs) -> list:
+    """vmap of the unbatched node's cotangents; unbatched operands' ones summed."""
+    mask, size = node.batch.mask, node.batch.size
+    unb = node.derived(node.role, None, node.lin, node.need)
+    wanted = [i for i, k in enumerate(needs) if k]
+    given = [j for j, c in enumerate(cts) if c is not None]
+    n_ops, n_outs = len(ops), len(outs)
+
+    def f(*a):
+        o, s, c = a[:n_ops], a[n_ops:n_ops + n_outs], a[n_ops + n_outs:]
+        full = [None] * len(cts)
+        for j, v in zip(given, c):
+            full[j] = v
+        r = cotangents(unb, list(o), list(s), full, needs)
+        return tuple(torch.zeros_like(o[i]) if r[i] is None else r[i] for i in wanted)
+
+    in_dims = tuple(0 if m else None for m in mask) + (0,) * (n_outs + len(given))
+    got = torch.vmap(f, in_dims=in_dims, randomness="same")(
+        *_squeezed(ops, mask), *outs, *[cts[j] for j in given])
+    res = [None] * n_ops
+    for i, c in zip(wanted, got):
+        res[i] = c if mask[i] else c.sum(0, keepdim=True)
+    return res
+
+
+def _batched_tangents(node: Node, ops, outs, ts) -> list:
+    mask = node.batch.mask
+    unb = node.derived(node.role, None, node.lin, node.need)
+    given = [i for i, t in enumerate(ts) if t is not None]
+    n_ops, n_outs = len(ops), len(outs)
+    floats = [j for j, f in enumerate(node.float_out) if f]
+
+    def f(*a):
+        o, s, t = a[:n_ops], a[n_ops:n_ops + n_outs], a[n_ops + n_outs:]
+        full = [None] * n_ops
+        for i, v in zip(given, t):
+            full[i] = v
+        r = forward(unb, list(o), list(s), full)
+        return tuple(torch.zeros_like(s[j]) if r[j] is None else r[j] for j in floats)
+
+    tmask = [mask[i] for i in given]
+    in_dims = tuple(0 if m else None for m in mask) + (0,) * n_outs + \
+        tuple(0 if m else None for m in tmask)
+    got = torch.vmap(f, in_dims=in_dims, randomness="same")(
+        *_squeezed(ops, mask), *outs, *_squeezed([ts[i] for i in given], tmask))
+    res = [None] * node.n_out
+    for j, t in zip(floats, got):
+        res[j] = t
+    return res
+
+
+def _merge(x, dim, before: bool, size: int, old: int | None):
+    """``_batching._merge`` for torch: one leading axis of size·old, or 1."""
+    if old is None:
+        return (x.movedim(dim, 0), True) if dim is not None else (x.unsqueeze(0), False)
+    if dim is None:
+        if not before:
+            return x, False
+        x = x.expand(size, *x.shape)
+    else:
+        x = x.movedim(dim, 0)
+        if not before:
+            x = x.expand(size, old, *x.shape[2:])
+    return x.reshape(size * old, *x.shape[2:]), True
+
+
+def batch(node: Node, size: int, in_dims, ops: list):
+    """``_Fn.vmap``: the batched node on the merged operands; outputs batched at 0."""
+    old = None if node.batch is None else node.batch.size
+    before = (False,) * len(ops) if node.batch is None else node.batch.mask
+    merged = [_merge(o, d, b, size, old) for o, d, b in zip(ops, in_dims, before)]
+    new = node.derived(node.role, Batch(size if old is None else size * old,
+                                        tuple(m for _, m in merged)), node.lin, node.need)
+    outs = apply(new, [o for o, _ in merged])
+    if old is not None:
+        outs = [o.reshape(size, old, *o.shape[1:]) for o in outs]
+    return tuple(outs), (0,) * len(outs)
