@@ -12,7 +12,7 @@ from jax import tree_util
 from . import routes  # noqa: F401  (registers the routes of host, compiled and device code)
 from .core import _closures, _debug, _jax, _sharding
 from .core._code import is_compiled
-from .core._errors import pop_host_error
+from .core._errors import pop_host_error, to_raise
 from .core._frontends import FRONT_ENDS, LIVE_OPS, front
 from .core._primitive import Family
 from .core._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
@@ -64,7 +64,6 @@ class _Op:
         self.examples = examples
         self._calls: dict = {}
         self._lock = threading.Lock()
-        self._version = 0
         self._host_errors: dict = {}  # see core._errors.remember_host_error
         self.inplace = bool(out)
         self.shard = _sharding.parse_rule(self.name, shard, replicated)
@@ -89,7 +88,7 @@ class _Op:
         self._vmap_declared = isinstance(vmap, str)
         self.vmap_rule: Rule | None = None
         self.vmap_out_batched = None  # a host vmap rule's declared out_batched
-        if vmap is None or vmap in ("sequential", "vectorized"):
+        if vmap is None or _is_mode(vmap):
             self.vmap = vmap or "sequential"
         elif callable(vmap):
             self.def_vmap(vmap, traced=traced, device=device)
@@ -129,7 +128,7 @@ class _Op:
     def _set(self, kind: str, rule, traced: bool, symbolic_zeros: bool = False,
              input_shapes: bool = False, vmap=None, argnum: int | None = None,
              out: bool = False, device: bool = False, host: Callable | None = None):
-        if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
+        if not (vmap is None or _is_mode(vmap) or callable(vmap)):
             raise ValueError(f"anybind op '{self.name}': def_{kind}'s vmap must be "
                              f"'sequential', 'vectorized', a host function with the rule's "
                              f"signature for batched arrays, or None, got {vmap!r}")
@@ -145,6 +144,12 @@ class _Op:
         _gpu_device.check_declaration(self.name, f"def_{kind}", traced, device, host)
 
         def register(r):
+            if self._calls:
+                raise TypeError(
+                    f"anybind op '{self.name}' has been called already, so its rules are "
+                    f"fixed: programs compiled from it (jax.jit caches them) would keep the "
+                    f"rules they were traced with. Give def_{kind} before the op's first call, "
+                    f"or bind a new op with the new rule")
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
@@ -161,10 +166,6 @@ class _Op:
                 setattr(self, f"{kind}_rule", made)
             else:
                 self.transpose_rules[argnum] = made
-            with self._lock:  # calls made from now on use the new rule, eagerly and under jit
-                self._version += 1
-                self._calls.clear()
-                self._shard_factors.clear()
             return r
         return register if rule is None else register(rule)
 
@@ -412,7 +413,7 @@ class _Op:
                 err = pop_host_error(self, e)
                 if err is None:
                     raise
-                raise err from err.__cause__
+                raise to_raise(err) from err.__cause__
         return tree_util.tree_unflatten(call.out_tree, outs)
 
     def _call_of(self, *args: Any, **kwargs: Any) -> Call:
@@ -441,7 +442,7 @@ class _Op:
                 self, args_tree, kw_tree, static, in_avals, kw_avals, self.residuals,
                 "residual spec")
         call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
-                    out_avals, paths, kw_paths, res_tree, res_avals, static_types, self._version)
+                    out_avals, paths, kw_paths, res_tree, res_avals, static_types)
         if self.shard is not None:
             _sharding.factors_of(call)  # the rule must fit: a TypeError at the first call
         nested = False
@@ -530,6 +531,11 @@ def _as_operand(op: Op, x, what: str):
     except TypeError:
         raise TypeError(f"anybind op '{op.name}': {what} must be an array or a number, got "
                         f"{type(x).__name__}") from None
+
+
+def _is_mode(vmap) -> bool:
+    """Whether ``vmap`` names a batching mode (a string, never an array compared to one)."""
+    return isinstance(vmap, str) and vmap in ("sequential", "vectorized")
 
 
 def _primitive_name(name: str) -> str:

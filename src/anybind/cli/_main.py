@@ -107,6 +107,8 @@ def find_ops(target: str) -> list:
     """(label, op) pairs for ``MODULE[:NAME]``; raises LookupError when there are none."""
     from .._api import Op
     mod_name, _, name = target.partition(":")
+    if not mod_name:
+        raise LookupError(f"expected MODULE[:NAME] or FILE.py[:NAME], got {target!r}")
     mod = _import(mod_name)
     if name:
         obj = mod
@@ -134,7 +136,7 @@ def check_command(args) -> int:
         jax.config.update("jax_enable_x64", True)
     try:
         ops = find_ops(args.target)
-    except (ImportError, LookupError) as e:
+    except (ImportError, LookupError, ValueError) as e:
         print(f"anybind check: {e}", file=sys.stderr)
         return 2
     summary, reports = [], []

@@ -68,6 +68,16 @@ def where(e: BaseException) -> str:
     return f" (in {f.name}, {f.filename}:{f.lineno})"
 
 
+def to_raise(err: HostError) -> BaseException:
+    """What an eager call raises for ``err``: the HostError, or the user's ``BaseException``
+    that is no ``Exception`` (``KeyboardInterrupt``, ``SystemExit``) itself, noted."""
+    cause = err.__cause__
+    if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+        cause.add_note(str(err))
+        return cause
+    return err
+
+
 def find_host_error(runtime_error: BaseException) -> HostError | None:
     """The HostError whose message a runtime error of a compiled program carries, if recent."""
     text = str(runtime_error)

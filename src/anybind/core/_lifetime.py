@@ -29,22 +29,22 @@ so that the cycle op → eager program → op has no root in JAX's global caches
 """
 from __future__ import annotations
 
+import contextvars
 import itertools
-import re
 import weakref
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 from . import _jax
-from ._errors import find_host_error
+from ._errors import find_host_error, to_raise
 from ._spec import Call
 
 _jax.weakref_cache_key_types.add(Call)
 
-_EAGER_PREFIX = "anybind_eager_"
-_EAGER_NAME = re.compile(_EAGER_PREFIX + r"(\d+)_")
-_owners: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
-_tokens = itertools.count()
+_tokens = itertools.count()  # one per op, never reused: its identity in ``Call``
+# The eager cache whose program is being compiled in this thread (its owner), if any.
+_compiling_for: contextvars.ContextVar = contextvars.ContextVar("anybind_eager_owner",
+                                                                default=None)
 
 
 class EagerCache:
@@ -59,7 +59,6 @@ class EagerCache:
         self.token = next(_tokens)
         self.programs: dict = {}
         self.kept: list = []
-        _owners[self.token] = self
 
 
 def eager_impl(prim, *args, **params):
@@ -71,36 +70,42 @@ def eager_impl(prim, *args, **params):
     cache = params["call"].op._family.eager
     key = (prim, *params.items())
     fun = cache.programs.get(key)
-    if fun is None:
-        fun = cache.programs[key] = _program(cache, prim, params)
     prev = _jax.disable_jit.swap_local(False)  # as jax's own apply_primitive
     try:
+        if fun is None:
+            fun = cache.programs[key] = _program(prim, params)
+            owner = _compiling_for.set(cache)  # the callbacks lowered now are the cache's
+            try:
+                fun.lower(*args)  # JAX keeps the lowering for the call below
+            finally:
+                _compiling_for.reset(owner)
         return fun(*args)
     except jax.errors.JaxRuntimeError as e:  # a failing host call raises its HostError
         err = find_host_error(e)
         if err is None:
             raise
-        raise err from err.__cause__
+        raise to_raise(err) from err.__cause__
     finally:
         _jax.disable_jit.set_local(prev)
 
 
-def _program(cache: EagerCache, prim, params: dict) -> Callable:
+def _program(prim, params: dict) -> Callable:
     # The program's jaxpr, which JAX's caches keep, names the op weakly.
     params = {**params, "call": params["call"].weak()}
 
     def run(*args):
         with _jax.eager_constant_folding(False):
             return prim.bind(*args, **params)
-    # The program's name tells ``keep`` which eager cache owns it.
-    run.__name__ = run.__qualname__ = f"{_EAGER_PREFIX}{cache.token}_{prim.name}"
+    # One name for every op's programs: JAX's bounded caches keyed by a program's debug
+    # info (its name among it) then hold one entry per shape, not one per op ever made.
+    run.__name__ = run.__qualname__ = "anybind_eager_call"
     return jax.jit(run)
 
 
 def held(ctx, callback: Callable) -> Callable:
     """``callback``, or, in one of an op's eager programs, a stand-in that reaches it
     through a weak reference while the eager cache that owns the program holds it."""
-    owner = _eager_owner(ctx)
+    owner = _compiling_for.get()
     if owner is None:
         return callback
     owner.kept.append(callback)
@@ -109,16 +114,6 @@ def held(ctx, callback: Callable) -> Callable:
     def weak_callback(*args):
         return ref()(*args)
     return weak_callback
-
-
-def _eager_owner(ctx) -> EagerCache | None:
-    try:
-        attr = ctx.module_context.module.operation.attributes["sym_name"]
-        name = _jax.string_attr_value(attr)
-    except (KeyError, AttributeError, ValueError):
-        return None
-    m = _EAGER_NAME.search(name)
-    return _owners.get(int(m.group(1))) if m else None
 
 
 _TABLES = (_jax.primitive_jvps, _jax.primitive_transposes, _jax.primitive_linearizations,

@@ -103,7 +103,6 @@ class Call:
     res_tree: Any = None  # residuals saved by a fwd rule for its bwd rule
     res_avals: tuple = ()
     static_types: tuple = ()  # so that 1, 1.0 and True are different static values
-    version: int = 0  # the op's rules version: redefining a rule makes new calls
     # Tracers of enclosing traces that the op's traced code closes over: the last
     # ``n_closure`` leaves of ``kw_avals``, bound as operands (see _closures.py).
     n_closure: int = 0
@@ -173,7 +172,7 @@ class Call:
     def _hash(self) -> int:
         return hash((self.op_token, self.args_tree, self.kw_tree, self.static, self.in_avals,
                      self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
-                     self.res_avals, self.static_types, self.version, self.n_closure,
+                     self.res_avals, self.static_types, self.n_closure,
                      self.debug))
 
     def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
@@ -252,9 +251,8 @@ def _same(a, b) -> bool:
     return a == b
 
 
-# The rules version first: a call made before def_fwd has no residual tree to compare.
-_COMPARED = ("version",) + tuple(f.name for f in dataclasses.fields(Call)
-                                 if f.compare and f.name not in ("op_token", "version"))
+_COMPARED = tuple(f.name for f in dataclasses.fields(Call)
+                  if f.compare and f.name != "op_token")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,8 +324,18 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"anybind op '{op.name}': the {what} must be a pytree of objects with "
                 f"shape and dtype (jax.ShapeDtypeStruct), but at "
                 f"{tree_util.keystr(path) or 'the root'} it holds {leaf!r}")
-        dtype = canonicalize_dtype(leaf.dtype)
-        out_avals.append(ShapedArray(tuple(leaf.shape), dtype))
+        shape = tuple(leaf.shape)
+        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+            raise TypeError(
+                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the shape {shape}; every dimension "
+                f"must be a non-negative integer")
+        try:
+            dtype = canonicalize_dtype(leaf.dtype)
+        except TypeError as e:
+            raise TypeError(
+                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype {leaf.dtype!r}, which is "
+                f"not an array dtype ({e})") from None
+        out_avals.append(ShapedArray(tuple(int(d) for d in shape), dtype))
     paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
     if (op.linear or op.multilinear) and what == "output spec":
         bad = [i for i, a in enumerate([*in_avals, *out_avals]) if not is_float(a)]
@@ -338,6 +346,10 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"and outputs must be floating or complex; got inputs "
                 f"{[fmt_aval(a) for a in in_avals]} and outputs {[fmt_aval(a) for a in out_avals]}")
     return out_tree, tuple(out_avals), paths
+
+
+def _output_at(path) -> str:
+    return f"output {tree_util.keystr(path)}" if path else "the output"
 
 
 def split_kwargs(op, kwargs: dict):

@@ -95,12 +95,27 @@ def runner_for(site: Site, xp=np) -> Callable[[Call, Batch | None], Callable]:
     else:
         mode = None
     names = out_names(role, site.call, need)
+    if site.batch is not None:
+        _check_batched_rank(site)
 
     def build(call: Call, batch: Batch | None) -> Callable:
         return make_host_runner(
             call, site.name, lambda lead: make_run(role, call, rule, lin, need, xp, lead),
             out_avals(role, call, lin, need), names, batch, mode, inplace=rule.out, xp=xp)
     return build
+
+
+_MAX_RANK = 64  # NumPy's
+
+
+def _check_batched_rank(site: Site) -> None:
+    """Host code gets a batched call's operands with the batch axis: NumPy must hold them."""
+    rank = max((a.ndim for a in [*site.ctx.avals_in, *site.ctx.avals_out]), default=0)
+    if rank > _MAX_RANK:
+        raise TypeError(
+            f"anybind op '{site.op.name}': under vmap its {site.name} gets arrays of rank "
+            f"{rank} (the batch axis leads every operand), over NumPy's limit of {_MAX_RANK} "
+            f"dimensions for host code; vmap over fewer axes or bind a traced function")
 
 
 def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: Sequence,
@@ -230,7 +245,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
     def guarded(ins, outs):
         try:
             runner(_debug.inputs(ins) if copy else ins, outs)
-        except Exception as e:
+        except BaseException as e:  # KeyboardInterrupt too: re-raised itself by eager calls
             # Under jit only the message reaches the caller (XLA drops the cause, the
             # notes and the frames), so the message says where the user's code failed;
             # the cause keeps the whole story.
