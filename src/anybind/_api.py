@@ -437,7 +437,9 @@ class _Op:
             given, missing = ("fwd", "bwd") if self.bwd_rule is None else ("bwd", "fwd")
             raise TypeError(f"anybind op '{self.name}' has a {given} rule but no {missing} "
                             f"rule; def_fwd and def_bwd go together")
-        if self.fwd_rule is not None:
+        if self.fwd_rule is not None and self.residuals is None:  # fwd saves nothing
+            res_tree, res_avals = tree_util.tree_structure(None), ()
+        elif self.fwd_rule is not None:
             res_tree, res_avals, _ = infer_outputs(
                 self, args_tree, kw_tree, static, in_avals, kw_avals, self.residuals,
                 "residual spec")
@@ -482,6 +484,19 @@ class Op:
 
     def __init__(self, fn: Callable, **options: Any):
         object.__setattr__(self, "_core", _Op(fn, **options))
+        object.__setattr__(self, "_made", (fn, options, []))  # how to make it again
+
+    def __copy__(self) -> "Op":  # an op is a function: its copies are itself, as a def's
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Op":
+        return self
+
+    def __reduce__(self):
+        """Pickled as how it was made: ``bind``'s arguments, then each ``def_*`` call, so
+        an op pickles wherever its function, rules and spec do."""
+        fn, options, defs = self._made
+        return _remade, (fn, options, tuple(defs))
 
     def __getattr__(self, name: str) -> Any:  # what the handle lacks: the op's
         return getattr(self.__dict__["_core"], name)
@@ -505,9 +520,26 @@ def _forwarded(name: str) -> Callable:
     method = getattr(_Op, name)
 
     @functools.wraps(method)
-    def forwarded(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self._core, name)(*args, **kwargs)
+    def forwarded(self, rule: Callable | None = None, **kwargs: Any) -> Any:
+        done = getattr(self._core, name)(rule, **kwargs)
+        defs = self._made[2]
+        if rule is not None:
+            defs.append((name, rule, kwargs))
+            return done
+
+        def decorator(r: Callable) -> Callable:  # used as @op.def_*(...)
+            out = done(r)
+            defs.append((name, r, kwargs))
+            return out
+        return decorator
     return forwarded
+
+
+def _remade(fn: Callable, options: dict, defs: tuple) -> Op:
+    op = Op(fn, **options)
+    for name, rule, kwargs in defs:
+        getattr(op, name)(rule, **kwargs)
+    return op
 
 
 for _name in ("def_jvp", "def_vjp", "def_transpose", "def_fwd", "def_bwd", "def_vmap"):

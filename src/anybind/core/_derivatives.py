@@ -63,11 +63,11 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
     """
     fam = call.op._family
     params = _params(role, call, batch, lin, need)
-    saved = []
+    saved, kept = [], False  # kept: the fwd rule ran, its residuals (maybe none) saved
     if role == "primal" and uses_residuals(call) and (
             linearizing or not _jax.use_direct_linearize.value):  # f and residuals at once
         outs = fam["fwd"].bind(*primals, call=call, batch=batch)
-        outs, saved = outs[:len(call.out_avals)], outs[len(call.out_avals):]
+        outs, saved, kept = outs[:len(call.out_avals)], outs[len(call.out_avals):], True
     else:
         outs = fam[role].bind(*primals, **params)
     lay = Layout(role, call, len(primals))
@@ -79,7 +79,7 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
     if any(i in lay.ks for i in sel):  # a closed-over value: JAX differentiates the code
         core = _traced_rule_tangent(role, call, lin, need, sel)
     elif role == "primal" and not call.op.linear:
-        tcall = call if saved or not uses_residuals(call) else call.without_residuals
+        tcall = call if kept or not uses_residuals(call) else call.without_residuals
         core = _primal_tangent(fam, tcall, tuple(i in sel for i in range(call.n_in)))
     elif any(i in lay.nonlin for i in sel):
         core = _traced_rule_tangent(role, call, lin, need, sel)
@@ -143,7 +143,9 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
     jr, vr = op.jvp_rule, op.vjp_rule
     n, m = call.n_in, len(call.kw_avals)
 
-    if uses_residuals(call):  # reverse mode runs the bwd rule on the fwd rule's residuals
+    # Reverse mode runs the bwd rule on the fwd rule's residuals; forward mode's f_jvp (no
+    # residuals kept: under checkpoint, say) transposes into the fwd rule run again, then bwd.
+    if uses_residuals(call) or (call.with_residuals is not None and vr is None):
         return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
     if jr is None and vr is None and not op.traced:
         raise MissingRuleError(

@@ -13,6 +13,7 @@ name                     what it is
 from __future__ import annotations
 
 import os
+import re
 import threading
 import traceback
 
@@ -78,14 +79,19 @@ def to_raise(err: HostError) -> BaseException:
     return err
 
 
+_COMPILED = re.compile(r"anybind op '[^']*': the compiled ")  # compiled code's (_shim.c)
+
+
 def find_host_error(runtime_error: BaseException) -> HostError | None:
-    """The HostError whose message a runtime error of a compiled program carries, if recent."""
+    """The HostError whose message a runtime error of a compiled program carries: a recent
+    one of host code, or one made from compiled code's message."""
     text = str(runtime_error)
     with _RECENT_LOCK:
         for msg in reversed(_RECENT):
             if msg in text:
                 return _RECENT[msg]
-    return None
+    m = _COMPILED.search(text)
+    return HostError(text[m.start():]) if m else None
 
 
 def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
