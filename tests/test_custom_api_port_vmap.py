@@ -423,8 +423,8 @@ def test_batch_divides_axis():
         assert x.shape == (axis_size, 4) and a.shape == (axis_size, 4)
         return (x + a) ** 2, True
     f = traced(fn, rule)
-    x = jax.random.randint(jax.random.key(0), (16, 4), -10, 10)
-    a = jax.random.randint(jax.random.key(1), (16, 4), -10, 10)
+    rng = np.random.default_rng(0)
+    x, a = rng.integers(-10, 10, (16, 4)), rng.integers(-10, 10, (16, 4))
     y = jax.jit(lambda x, a: lax.map(lambda t: f(*t), (x, a), batch_size=8))(x, a)
     assert_close(y, (x + a) ** 2)
 
