@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import anybind as ab
+
 
 SEED = 0
 
@@ -275,13 +277,11 @@ def check_torch_first_order(f, args: tuple, seed: int = 1, rtol=1e-6, atol=1e-6)
 
 def custom_jvp(fn, jvp, **kw):
     """A traced op with a traced jvp rule: the port of ``jax.custom_jvp(fn)``."""
-    import anybind as ab
     return ab.bind(fn, traced=True, jvp=jvp, name=kw.pop("name", "f"), **kw)
 
 
 def custom_vjp(fn, vjp, **kw):
     """A traced op with a traced vjp rule: the port of ``jax.custom_vjp(fn)``."""
-    import anybind as ab
     return ab.bind(fn, traced=True, vjp=vjp, name=kw.pop("name", "f"), **kw)
 
 

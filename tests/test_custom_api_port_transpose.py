@@ -24,17 +24,17 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax import lax
 from jax.custom_derivatives import linear_call
 
 import anybind as ab
 from helpers import assert_close, transpose_unary
 
-import pytest
 
-
-def linear(fn, tp=None, name="fn", **kw):
-    """A traced linear op of ``fn(x, **kw)`` with the traced transpose ``tp(ct, **kw)``."""
+def linear(fn, tp=None, name="fn"):
+    """A traced linear op of ``fn(x, **kw)`` with the traced transpose ``tp(ct, **kw)``
+    (``kw``: the op's keywords, such as the residual ``r``)."""
     op = ab.bind(fn, traced=True, linear=True, name=name)
     if tp is not None:
         op.def_transpose(lambda ct, **k: (tp(ct, **k),), traced=True)
