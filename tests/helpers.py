@@ -5,6 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import anybind as ab
+
 
 SEED = 0
 
@@ -269,3 +271,28 @@ def check_torch_first_order(f, args: tuple, seed: int = 1, rtol=1e-6, atol=1e-6)
     for l, x in zip(leaves, floats(xbar)):
         np.testing.assert_allclose(l.grad.resolve_conj().numpy(), x.resolve_conj().numpy(),
                                    rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------ ports of JAX's custom_api_test
+
+def custom_jvp(fn, jvp, **kw):
+    """A traced op with a traced jvp rule: the port of ``jax.custom_jvp(fn)``."""
+    return ab.bind(fn, traced=True, jvp=jvp, name=kw.pop("name", "f"), **kw)
+
+
+def custom_vjp(fn, vjp, **kw):
+    """A traced op with a traced vjp rule: the port of ``jax.custom_vjp(fn)``."""
+    return ab.bind(fn, traced=True, vjp=vjp, name=kw.pop("name", "f"), **kw)
+
+
+def scan1(f):
+    """``x ↦ f(x)`` run as the body of a one-step ``lax.scan`` (JAX's "initial style")."""
+    return lambda x: jax.lax.scan(lambda c, _: (f(c), None), x, None, length=1)[0]
+
+
+def transpose_unary(f, x_example):
+    """The transpose of the linear map f of one argument, as a function of the cotangent."""
+    def transposed(y):
+        x, = jax.linear_transpose(f, x_example)(y)
+        return x
+    return transposed
