@@ -74,8 +74,6 @@ def test_invariance():
 
 
 # ports CustomJVPTest.test_deepcopy
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="issue 19 item 4: copy.deepcopy(op) cannot pickle a lock")
 def test_deepcopy():
     relu = custom_jvp(lambda x: jnp.maximum(x, 0.),
                       lambda p, t: jnp.where(p[0] > 0, t[0], 0.), name="relu")

@@ -75,8 +75,6 @@ def test_invariance():
 
 
 # ports CustomVJPTest.test_deepcopy
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="issue 19 item 4: copy.deepcopy(op) cannot pickle a lock")
 def test_deepcopy():
     f = custom_vjp(jnp.sin, lambda p, g: (jnp.cos(p[0]) * g,))
     g = copy.deepcopy(f)
@@ -853,8 +851,6 @@ def test_symbolic_zeros_memoization_caching():
 
 
 # ports CustomVJPTest.test_run_rules_more_than_once
-@pytest.mark.xfail(strict=True, raises=ab.MissingRuleError,
-                   reason="issue 19 item 3: host def_fwd with empty residuals under grad")
 def test_run_rules_more_than_once():
     # JAX's fwd saves None or [] depending on which input is perturbed: a host fwd
     # with empty residuals, in a scan under grad

@@ -144,12 +144,6 @@ class _Op:
         _gpu_device.check_declaration(self.name, f"def_{kind}", traced, device, host)
 
         def register(r):
-            if self._calls:
-                raise TypeError(
-                    f"anybind op '{self.name}' has been called already, so its rules are "
-                    f"fixed: programs compiled from it (jax.jit caches them) would keep the "
-                    f"rules they were traced with. Give def_{kind} before the op's first call, "
-                    f"or bind a new op with the new rule")
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
@@ -166,6 +160,14 @@ class _Op:
                 setattr(self, f"{kind}_rule", made)
             else:
                 self.transpose_rules[argnum] = made
+            with self._lock:
+                used = bool(self._calls)
+                self._calls.clear()
+                self._shard_factors.clear()
+            if used:  # every program traced with the old rule is traced again at its next call
+                self._family.eager.programs.clear()
+                self._family.eager.kept.clear()
+                jax.clear_caches()
             return r
         return register if rule is None else register(rule)
 

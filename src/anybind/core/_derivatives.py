@@ -247,6 +247,8 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
     op, fam = call.op, call.op._family
     lay = Layout(role, call, len(operands))
     undefined = [isinstance(o, _jax.UndefinedPrimal) for o in operands]
+    if any(undefined) and _jax_differentiates(role, call):  # JAX code: JAX transposes it
+        return _transpose_traced(call, batch, cts, operands, undefined)
     linear_leaves = set()
     if role == "primal" and not op.linear and op.linear_argnums:
         linear_leaves = call.leaves_of(op.linear_argnums)
@@ -261,8 +263,8 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
                         "declare linear=True for an op linear in all positional arguments, or "
                         "linear=(i, ...) for one linear in some of them (given the others)")
             raise TypeError(
-                f"anybind op '{op.name}': the {role_name(role, call)} is not linear in "
-                f"positional input leaf {i - lay.xs.start}, but linear_transpose (or a "
+                f"anybind op '{op.name}': its {role_name(role, call)} is not declared linear "
+                f"in positional input leaf {i - lay.xs.start}, but linear_transpose (or a "
                 f"transpose in reverse mode) treated it as linear; {declared}")
     und = [undefined[i] for i in lay.lin]
     present = tuple(type(c) is not _jax.Zero for c in cts)
@@ -280,6 +282,36 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
                       batch.size)(*nonlin, *pcts)
         out = [sum_unbatched(c, batch.mask[i]) for c, i in zip(out, lin_idx)]
     for i, c in zip(lin_idx, out):
+        res[i] = c
+    return res
+
+
+def _transpose_traced(call: Call, batch, cts, operands, undefined):
+    """A traced function without rules transposes as the JAX code it is, in the operands
+    being transposed, the others fixed (JAX raises if it is not linear in them)."""
+    run = traced_run("primal", call, Rule(call.op.fn, True), None, None)
+    if batch is not None:
+        run = vmapped(run, batch.mask, batch.size)
+    und = [i for i, u in enumerate(undefined) if u]
+    fo = call.float_out
+
+    def f(*u):
+        full = list(operands)
+        for i, v in zip(und, u):
+            full[i] = v
+        return [o for o, fl in zip(run(*full), fo) if fl]
+
+    sds = [jax.ShapeDtypeStruct(operands[i].aval.shape, operands[i].aval.dtype) for i in und]
+    try:
+        out = jax.linear_transpose(f, *sds)([_jax.instantiate_zeros(c)
+                                             for c, fl in zip(cts, fo) if fl])
+    except (AssertionError, NotImplementedError, ValueError) as e:  # JAX's, naming nothing
+        raise TypeError(
+            f"anybind op '{call.op.name}': linear_transpose (or a transpose in reverse mode) "
+            f"treated its traced function as linear in operand(s) {und}, but JAX cannot "
+            f"transpose it there ({type(e).__name__}: {e}); it is not linear in them") from e
+    res = [None] * len(operands)
+    for i, c in zip(und, out):
         res[i] = c
     return res
 
