@@ -392,9 +392,6 @@ def test_jaxpr_zeros():
 
 
 # ports CustomJVPTest.test_linear_in_scan
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="issue 19 item 2: a traced jvp rule applying an op "
-                           "to the tangent cannot be transposed")
 def test_linear_in_scan():
     # the rule applies f itself to the tangent; reverse mode transposes that
     f = ab.bind(lambda x: -x, traced=True, name="f")
@@ -597,9 +594,6 @@ def test_custom_jvp_vmap_broadcasting_interaction():
 
 
 # ports CustomJVPTest.test_custom_jvp_vmap_broadcasting_interaction_2
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="issue 19 item 2: a traced jvp rule applying an op "
-                           "to the tangent cannot be transposed")
 def test_custom_jvp_vmap_broadcasting_interaction_2():
     def transform_fn(box, R):
         if jnp.isscalar(box) or box.size == 1:
@@ -891,9 +885,6 @@ def test_pretty_print():
 
 
 # ports CustomJVPTest.test_custom_jvp_transpose_vjp3
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="issue 19 item 2: a traced jvp rule applying an op "
-                           "to the tangent cannot be transposed")
 def test_custom_jvp_transpose_vjp3():
     div = ab.bind(lambda x, y: x / y, traced=True, name="div")
     div.def_jvp(lambda p, t: div(t[0], p[1]), traced=True)  # ignores y's tangent

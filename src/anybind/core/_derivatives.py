@@ -247,13 +247,14 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
     op, fam = call.op, call.op._family
     lay = Layout(role, call, len(operands))
     undefined = [isinstance(o, _jax.UndefinedPrimal) for o in operands]
-    if any(undefined) and _jax_differentiates(role, call):  # JAX code: JAX transposes it
-        return _transpose_traced(call, batch, cts, operands, undefined)
     linear_leaves = set()
-    if role == "primal" and not op.linear and op.linear_argnums:
-        linear_leaves = call.leaves_of(op.linear_argnums)
-        if any(undefined) and all(i in linear_leaves for i, u in enumerate(undefined) if u):
+    if role == "primal" and not op.linear and any(undefined):
+        linear_leaves = call.leaves_of(op.linear_argnums) if op.linear_argnums else set()
+        if linear_leaves and all(i in linear_leaves for i, u in enumerate(undefined) if u):
             return _transpose_partially_linear(fam, call, batch, cts, operands, undefined)
+        if op.traced and not any(undefined[i] for i in lay.ks):
+            # JAX code, custom rules or not: its transpose is JAX's, as for custom_jvp
+            return _transpose_traced(call, batch, cts, operands, undefined)
     for i in lay.nonlin:
         if undefined[i] and i not in linear_leaves:
             if i in lay.ks:
@@ -287,8 +288,9 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
 
 
 def _transpose_traced(call: Call, batch, cts, operands, undefined):
-    """A traced function without rules transposes as the JAX code it is, in the operands
-    being transposed, the others fixed (JAX raises if it is not linear in them)."""
+    """A traced function transposes as the JAX code it is, in the operands being
+    transposed, the others fixed (JAX raises if it is not linear in them); its custom
+    rules define derivatives, not transposes, as for ``jax.custom_jvp``."""
     run = traced_run("primal", call, Rule(call.op.fn, True), None, None)
     if batch is not None:
         run = vmapped(run, batch.mask, batch.size)
@@ -308,8 +310,9 @@ def _transpose_traced(call: Call, batch, cts, operands, undefined):
     except (AssertionError, NotImplementedError, ValueError) as e:  # JAX's, naming nothing
         raise TypeError(
             f"anybind op '{call.op.name}': linear_transpose (or a transpose in reverse mode) "
-            f"treated its traced function as linear in operand(s) {und}, but JAX cannot "
-            f"transpose it there ({type(e).__name__}: {e}); it is not linear in them") from e
+            f"treated its traced function as linear in positional input leaves {und}, but "
+            f"JAX cannot transpose it in them ({type(e).__name__}: {e}); transpose only in "
+            f"arguments the function is linear in") from e
     res = [None] * len(operands)
     for i, c in zip(und, out):
         res[i] = c
