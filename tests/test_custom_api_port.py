@@ -850,9 +850,6 @@ def test_resolve_kwargs_error_message():
 
 
 # ports CustomJVPTest.test_symbolic_zero_custom_jvp_vmap_doesnt_instantiate
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 item 5: a None tangent from one op's "
-                           "symbolic-zeros rule reaches the next rule materialised")
 def test_symbolic_zero_custom_jvp_vmap_doesnt_instantiate():
     f = ab.bind(lambda x, y: y, traced=True, name="f")
 

@@ -52,6 +52,7 @@ import numpy as np
 
 from . import _jax
 from ._code import is_compiled
+from .roles import ROLE_NAMES, traced_run, uses_residuals
 from ._spec import Call, Rule, fmt_aval, to_aval
 
 
@@ -64,7 +65,6 @@ def under_trace() -> bool:
 
 def _pieces(call: Call) -> dict:
     """The traced code of an op, by role: what may close over tracers."""
-    from .roles import uses_residuals
     op = call.op
     pieces = {"primal": op.traced}
     for role in ("jvp", "vjp", "transpose"):
@@ -118,17 +118,25 @@ def convert(call: Call) -> Call:
 
 
 def _convert(call: Call, active: dict) -> Call:
-    from .roles import traced_run
     jaxprs, closed, index = {}, [], {}
     for role in _pieces(call):
         lin, need, avals = _full(role, call)
         rule = Rule(call.op.fn, True) if role == "primal" else getattr(call.op, f"{role}_rule")
+        if role != "primal" and _find_tracer(rule.fn, "", 4, set()) is None:
+            continue  # a rule that closes over no tracer runs where it is used, as written
         run = traced_run(role, call, rule, lin, need)
         try:
             jaxpr = jax.make_jaxpr(run)(*[jax.ShapeDtypeStruct(a.shape, a.dtype)
                                           for a in avals])
-        except Exception:  # left to the code itself to raise again where the role is used
-            continue
+        except Exception as e:
+            if role == "primal":  # left to the function to raise again where it is used
+                continue
+            raise TypeError(
+                f"anybind op '{call.op.name}': its traced {ROLE_NAMES[role]} closes over "
+                f"traced values of an enclosing transformation, so it is traced at the op's "
+                f"call with every tangent and cotangent present (zeros where they will be "
+                f"symbolic), and it raised {type(e).__name__}: {e}. Pass the values it closes "
+                f"over to the op as keyword operands instead") from e
         consts, used = [], set()
         for c in jaxpr.consts:
             if isinstance(c, _jax.Tracer):
@@ -209,7 +217,6 @@ def vmap_rule_error(call: Call) -> TypeError:
 
 def check_host(op) -> None:
     """Host code runs outside every trace: closing over a tracer is an error at the call."""
-    from .roles import ROLE_NAMES
     pieces = [] if op.traced else [("function", op.fn)]
     for kind in ("jvp", "vjp", "transpose", "fwd", "bwd", "vmap"):
         rule = getattr(op, f"{kind}_rule")

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from . import _jax
 from ._batching import sum_unbatched, vmapped
 from ._errors import MissingRuleError
-from .roles import (Layout, make_run, role_name, rule_of, traced_run,
+from .roles import (Layout, make_run, role_name, rule_of, traced_run, traced_tangents,
                      uses_residuals)
 from ._spec import Call, Rule, is_float
 
@@ -90,8 +90,9 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
         core = vmapped(core, batch.mask + (True,) * len(saved) + tuple(batch.mask[i] for i in sel),
                        batch.size)
     t_out = iter(core(*primals, *saved, *ts))
-    return outs, [next(t_out) if f else _jax.Zero(jax.typeof(o).to_tangent_aval())
-                  for o, f in zip(outs, out_float)]
+    tangents = [next(t_out) if f else None for f in out_float]
+    return outs, [_jax.Zero(jax.typeof(o).to_tangent_aval()) if t is None else t
+                  for o, t in zip(outs, tangents)]
 
 
 def _closure_tangents(role, call: Call, lay: Layout, tangents) -> set:
@@ -160,8 +161,8 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
         xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
         if jr is None and vr is None:  # JAX's own derivative of a traced function
             return _jax_jvp(call, present, xs, ks, ts)
-        if jr is not None and jr.traced and vr is None:
-            return traced_run("jvp", call, jr, present, None)(*ops)
+        if jr is not None and jr.traced and vr is None:  # None: a zero kept symbolic
+            return traced_tangents(call, jr, present)(*ops)
         # f_jvp; with a traced vjp rule and no jvp rule, lowering f_jvp transposes the vjp
         # rule, while reverse mode transposes f_jvp into f_vjp and runs the rule as given
         return fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)

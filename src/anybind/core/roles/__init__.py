@@ -45,7 +45,7 @@ from ._common import (ROLE_NAMES, ROLES, check_traced_outputs, out_avals, out_na
 
 __all__ = ["ROLES", "ROLE_NAMES", "Layout", "MissingRuleError", "check_symmetric", "derives_jvp",
            "make_run", "missing_rule_message", "out_avals", "out_names", "role_name",
-           "rule_of", "traced_run", "uses_residuals"]
+           "rule_of", "traced_run", "traced_tangents", "uses_residuals"]
 
 
 class Layout:
@@ -188,6 +188,26 @@ def traced_run(role: str, call: Call, rule: Rule, lin, need) -> Callable[..., li
     conformed by ``check_traced_outputs``."""
     run = make_run(role, call, rule, lin, need, jnp, ())
     return checked(call, role, run, out_avals(role, call, lin, need), out_names(role, call, need))
+
+
+def traced_tangents(call: Call, rule: Rule, lin) -> Callable[..., list]:
+    """The tangents of f's floating outputs by a traced jvp rule, None where the rule
+    returned None: a zero that JAX keeps symbolic, so that the next rule sees None too."""
+    if call.converted is not None:
+        return traced_run("jvp", call, rule, lin, None)
+    run = _jvp.jvp(call, rule.fn, lin, jnp, (), rule.symbolic_zeros, keep_none=True)
+    avals, names = out_avals("jvp", call, lin, None), out_names("jvp", call, None)
+
+    def f(*ops):
+        outs = run(*ops)
+        kept = [j for j, o in enumerate(outs) if o is not None]
+        good = check_traced_outputs(call, "jvp", [outs[j] for j in kept],
+                                    [avals[j] for j in kept], [names[j] for j in kept])
+        res = [None] * len(outs)
+        for j, o in zip(kept, good):
+            res[j] = o
+        return res
+    return f
 
 
 def checked(call: Call, role: str, run: Callable, avals, names) -> Callable[..., list]:

@@ -27,11 +27,16 @@ from ._common import check_none, filler, flatten_outputs, out_avals, selector
 
 
 def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=(),
-        symbolic: bool = False) -> Callable[..., list]:
+        symbolic: bool = False, keep_none: bool = False) -> Callable[..., list]:
+    """``keep_none``: a None the rule returns stays None (a zero JAX keeps symbolic)."""
     n, m = call.n_in, len(call.kw_avals)
     r = len(call.res_avals)
     fill = filler(lin, call.in_avals, call.float_in, xp, lead, symbolic)
-    select = selector(call.float_out, call.out_avals, xp, lead)
+    if keep_none:
+        floats = [j for j, f in enumerate(call.float_out) if f]
+        select = lambda leaves: [leaves[j] for j in floats]  # noqa: E731
+    else:
+        select = selector(call.float_out, call.out_avals, xp, lead)
 
     def run(*ops):
         xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m + r:]
