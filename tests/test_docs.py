@@ -183,6 +183,13 @@ if __name__ != "__main__":
         for page in ROOT.glob("docs/**/*.md"):
             assert page.relative_to(ROOT / "docs").as_posix() in nav, page
 
+    def test_every_public_name_is_in_the_api_reference() -> None:
+        """docs/reference/api.md documents each name of ``anybind.__all__``."""
+        import anybind
+        api = (ROOT / "docs" / "reference" / "api.md").read_text()
+        missing = [n for n in anybind.__all__ if f"::: anybind.{n}\n" not in api]
+        assert not missing, f"add '::: anybind.NAME' to docs/reference/api.md for {missing}"
+
     def test_a_failing_block_fails(tmp_path: Path) -> None:
         """The runner stops at a block that raises and names its line."""
         page = tmp_path / "page.md"
