@@ -58,7 +58,12 @@ class AnybindReference(griffe.Extension):
                     continue
                 wrapped = getattr(value, "__wrapped__", None)
                 if wrapped is not None:
-                    target = loader.modules_collection[f"{wrapped.__module__}.{wrapped.__qualname__}"]
+                    path = f"{wrapped.__module__}.{wrapped.__qualname__}"
+                    try:
+                        target = loader.modules_collection[path]
+                    except KeyError:
+                        raise RuntimeError(f"anybind.{name}.{attr} wraps {path}, which the API "
+                                           f"reference cannot find in the sources") from None
                     static.set_member(attr, griffe.Alias(attr, target, parent=static))
                 elif attr in static.members and static[attr].docstring is None and value.__doc__:
                     static[attr].docstring = griffe.Docstring(

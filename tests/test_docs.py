@@ -190,6 +190,32 @@ if __name__ != "__main__":
         missing = [n for n in anybind.__all__ if f"::: anybind.{n}\n" not in api]
         assert not missing, f"add '::: anybind.NAME' to docs/reference/api.md for {missing}"
 
+    def _api_objects():
+        import anybind
+        for name in anybind.__all__:
+            obj = getattr(anybind, name)
+            yield name, obj
+            if name == "Op":
+                for member in ("def_jvp", "def_vjp", "def_transpose", "def_fwd", "def_bwd",
+                               "def_vmap", "torch"):
+                    yield f"Op.{member}", getattr(obj, member)
+
+    @pytest.mark.parametrize("name", [n for n, _ in _api_objects()])
+    def test_api_reference_examples_run(name: str) -> None:
+        """The examples in the docstrings, which the API reference shows, run as shown."""
+        import doctest
+        import jax
+        obj = dict(_api_objects())[name]
+        doc = obj.__doc__ if not isinstance(obj, str) else None
+        if not doc or ">>>" not in doc:
+            pytest.skip(f"ab.{name} has no example")
+        if "import torch" in doc and importlib.util.find_spec("torch") is None:
+            pytest.skip(f"ab.{name}'s example needs torch, not installed")
+        test = doctest.DocTestParser().get_doctest(doc, {}, name, None, 0)
+        with jax.enable_x64(False):   # the examples show JAX's default dtypes
+            result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+        assert result.failed == 0, f"the docstring example of ab.{name} failed"
+
     def test_a_failing_block_fails(tmp_path: Path) -> None:
         """The runner stops at a block that raises and names its line."""
         page = tmp_path / "page.md"
