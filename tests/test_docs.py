@@ -7,7 +7,8 @@ whatever devices JAX finds). A failing block fails its page's test with the
 traceback, whose line numbers are the page's own.
 
 A block is changed by marker comments on the lines just above its fence
-(invisible in the rendered page), one or more of:
+(invisible in the rendered page); markers above a page's title apply to every
+block of the page. One or more of:
 
 | marker | the block |
 |---|---|
@@ -67,7 +68,7 @@ def blocks(path: Path) -> list[Block]:
     """The fenced code blocks of a Markdown page, with the markers above each."""
     rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
     lines = path.read_text(encoding="utf-8").splitlines()
-    found, markers, i = [], [], 0
+    found, markers, page_markers, i = [], [], None, 0
     while i < len(lines):
         m = _MARKER.match(lines[i])
         if m:
@@ -75,6 +76,8 @@ def blocks(path: Path) -> list[Block]:
             markers.append((words[0], words[1:]) if words else ("", []))
             i += 1
             continue
+        if page_markers is None and lines[i].startswith("# "):   # above the title: every block's
+            page_markers, markers = markers, []
         f = _FENCE.match(lines[i])
         if f:
             indent, fence, lang = f.group("indent"), f.group("fence"), f.group("info").lower()
@@ -83,7 +86,8 @@ def blocks(path: Path) -> list[Block]:
                                           and lines[i].strip().strip(fence[0]) == ""):
                 body.append(lines[i][len(indent):] if lines[i].startswith(indent) else lines[i])
                 i += 1
-            found.append(Block(rel, start, lang, "\n".join(body) + "\n", markers))
+            found.append(Block(rel, start, lang, "\n".join(body) + "\n",
+                               [*(page_markers or []), *markers]))
             markers, i = [], i + 1
             continue
         if lines[i].strip():      # markers belong to the fence right below them
@@ -224,6 +228,19 @@ if __name__ != "__main__":
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0
         assert "ValueError: 1" in proc.stderr and "page.md\", line 8" in proc.stderr
+
+    def test_markers_skip_blocks(tmp_path: Path) -> None:
+        """A block whose module is missing is skipped, by its own marker or the page's."""
+        page = tmp_path / "page.md"
+        page.write_text("<!-- docs-test: requires no_such_module_anywhere -->\n# t\n\n"
+                        "```python\nraise ValueError\n```\n")
+        assert [skip_reason(b) is not None for b in blocks(page)] == [True]
+        page.write_text("# t\n\n<!-- docs-test: requires no_such_module_anywhere -->\n"
+                        "```python\nraise ValueError\n```\n\n```python\nprint('ran')\n```\n")
+        assert [skip_reason(b) is not None for b in blocks(page)] == [True, False]
+        proc = subprocess.run([sys.executable, __file__, str(page)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
 
     def test_figures(tmp_path: Path) -> None:
         """docs/gen_figures.py turns the benchmark results into the performance page's figures."""
