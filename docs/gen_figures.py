@@ -231,8 +231,8 @@ def recipes(recipes_results: dict, out: Path) -> Path:
     for route, colour in [("ab.reversible_loop", "#1f6feb"), ("lax.fori_loop", "#d1242f"),
                           ("lax.scan", "#bf8700")]:
         mib = [loop[f"{route} @ {s}"]["peak_rss_bytes"] / 2**20 for s in steps]
-        axes[1].plot(steps, mib, marker={"lax.scan": "x"}.get(route, "o"), color=colour,
-                     label=route, linestyle={"lax.scan": ":", "lax.fori_loop": "--"}.get(route, "-"))
+        style = {"lax.scan": ("x", ":"), "lax.fori_loop": ("o", "--")}.get(route, ("o", "-"))
+        axes[1].plot(steps, mib, marker=style[0], linestyle=style[1], color=colour, label=route)
     axes[1].set_xscale("log")
     axes[1].set_yscale("log")
     axes[1].set_xlabel("steps")

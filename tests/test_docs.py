@@ -10,13 +10,15 @@ A block is changed by marker comments on the lines just above its fence
 (invisible in the rendered page); markers above a page's title apply to every
 block of the page. One or more of:
 
-| marker | the block |
-|---|---|
-| ``<!-- docs-test: requires MOD ... -->`` | is skipped unless every Python module MOD can be imported |
-| ``<!-- docs-test: requires-gpu -->`` | is skipped unless JAX sees a GPU |
-| ``<!-- docs-test: planned NAME ... -->`` | describes planned API: skipped while ``anybind`` lacks a NAME |
-| ``<!-- docs-test: file PATH -->`` | (any language) is written to PATH in the working directory |
-| ``<!-- docs-test: shell -->`` | (bash) is run by bash in the working directory |
+- ``<!-- docs-test: requires MOD ... -->``: skipped unless every Python module
+  MOD can be imported;
+- ``<!-- docs-test: requires-gpu -->``: skipped unless JAX sees a GPU;
+- ``<!-- docs-test: planned NAME ... -->``: shows planned API, skipped while
+  ``anybind`` lacks a NAME (and run once it has them all);
+- ``<!-- docs-test: file PATH -->``: the block (any language) is written to PATH
+  in the working directory;
+- ``<!-- docs-test: shell -->``: the block (bash) is run by bash in the working
+  directory.
 
 Each marked block also gets a test of its own, skipped with the reason while
 its condition is unmet, so that nothing is left out silently. PyTorch's blocks
