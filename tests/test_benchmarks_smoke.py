@@ -52,7 +52,7 @@ def test_host_scan_routes_agree_and_take_their_routes():
 
 def test_recipes_benchmark_residual_choices_give_the_gradient():
     """benchmarks/recipes.py's two def_fwd/def_bwd forms of sin(x)·cos(x)·y² (the
-    README's residual-choice example): both give the analytic gradient."""
+    residual-choice example of docs/guides/recipes.md): both give the analytic gradient."""
     import jax
     import jax.numpy as jnp
     spec = importlib.util.spec_from_file_location(

@@ -30,7 +30,8 @@ class HostError(RuntimeError):
 
     An eager call raises it itself, with the user's exception as its cause.
     Inside ``jit`` XLA turns it into ``jax.errors.JaxRuntimeError``, whose
-    message ends with ``HostError: anybind op '…': …`` (see the README);
+    message ends with ``HostError: anybind op '…': …`` (see the docs' Debugging
+    and errors guide);
     ``with ab.debug():`` re-raises the HostError itself there too.
     """
 

@@ -72,6 +72,12 @@ C_SIGNATURE = (
     "int32_t (*)(void *const *ins, void *const *outs, const int64_t *const *shapes, "
     "const int64_t *ranks, const int32_t *dtypes, int64_t n_in, int64_t n_out, "
     "char *err, int64_t err_size)")
+"""anybind's C calling convention, as a C function-pointer type.
+
+A compiled function (or rule) gets its n_in input and n_out output buffers,
+their shapes, ranks and dtype codes (``ab.dtype_code``), and room for an error
+message; it returns 0 on success.
+"""
 
 # pointer (p) or 64-bit integer (q) parameters, in order; the result is a 32-bit integer
 _PARAMS = "ppppp" "qq" "pq"

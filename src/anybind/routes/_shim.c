@@ -9,7 +9,7 @@
  *                         with operands whose leading axis is 1 broadcast over the batch
  *
  * and the handler calls the function with anybind's C calling convention
- * (documented in the README and in _compiled.py):
+ * (documented in docs/guides/compiled.md and in _compiled.py):
  *
  *   int32_t fn(void *const *ins, void *const *outs, const int64_t *const *shapes,
  *              const int64_t *ranks, const int32_t *dtypes, int64_t n_in, int64_t n_out,
