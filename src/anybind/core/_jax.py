@@ -14,6 +14,10 @@ it is used.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+
 import jax
 from jax.extend import core as _xcore
 
@@ -47,6 +51,13 @@ EvalTrace = _core.EvalTrace                       # the trace of eager evaluatio
 primitive_jvps = _ad.primitive_jvps               # jvp rule per primitive (0.4)
 primitive_transposes = _ad.primitive_transposes   # transpose rule per primitive (0.4)
 primitive_linearizations = _ad.primitive_linearizations  # linearize rule, keeps residuals (0.5)
+# 0.9.1 calls a linearize rule as rule(is_vjp, nonzeros, *primals); 0.9.0 as rule(nonzeros, ...)
+_LINEARIZE_IS_VJP = "_is_vjp" in inspect.signature(_ad.fallback_linearize_rule).parameters
+
+
+def linearize_rule(rule):
+    """``rule(is_vjp, nonzeros, *primals, **params)`` in the form this JAX calls it."""
+    return rule if _LINEARIZE_IS_VJP else functools.partial(rule, False)
 primitive_batchers = _batching.primitive_batchers  # vmap rule per primitive (0.4)
 fancy_primitive_batchers = _batching.fancy_primitive_batchers  # cleared with an op (0.4.36)
 register_lowering = _mlir.register_lowering       # MLIR lowering per primitive (0.4)
@@ -75,7 +86,16 @@ custom_derivatives_allowed_effects = _effects.custom_derivatives_allowed_effects
 remat_allowed_effects = _effects.remat_allowed_effects  # (0.4)
 
 # ------------------------------------------------------------ configuration
-bool_state = _config.bool_state                   # the ANYBIND_DEBUG flag, part of cache keys (0.4)
+_BOOL_STATE = inspect.signature(_config.bool_state).parameters
+
+
+def bool_state(**kwargs):
+    """A flag in JAX's config (the ANYBIND_DEBUG flag, part of cache keys); before 0.8 a
+    flag has no ``include_in_trace_context`` (being in the jit key puts it there)."""
+    if "include_in_trace_context" not in _BOOL_STATE:
+        kwargs.pop("include_in_trace_context", None)
+    return _config.bool_state(**kwargs)
+
 enable_x64 = _config.enable_x64                   # declared dtypes follow it (0.4)
 disable_jit = _config.disable_jit                 # an eager call runs compiled (0.4)
 eager_constant_folding = _config.eager_constant_folding  # off in eager programs (0.6)
@@ -102,6 +122,18 @@ ShardingContext = _sharding_impls.ShardingContext  # a lowering for many devices
 ManualAxisType = getattr(_core, "ManualAxisType", None)  # the varying axes of an aval (0.10)
 empty_varying = getattr(_core, "empty_mat", None)  # no varying axes (0.10)
 pvary = getattr(_core, "pvary", None)             # mark a value varying over axes (0.7)
+
+
+def reductions_in_partitioned_body(mesh):
+    """The context of the psums in a custom_partitioning body: before 0.9.2 they must see
+    the mesh's axes as Auto (under Explicit axes XLA rejected the reducer: "Unsupported
+    reduction computation"); from 0.9.2 none is needed."""
+    if VERSION >= (0, 9, 2):
+        return contextlib.nullcontext()
+    from jax.sharding import AbstractMesh, AxisType
+    names = tuple(mesh.axis_names)
+    return jax.sharding.use_abstract_mesh(
+        AbstractMesh(tuple(mesh.axis_sizes), names, axis_types=(AxisType.Auto,) * len(names)))
 
 
 def varying_axes(aval) -> frozenset:

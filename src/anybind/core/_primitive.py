@@ -75,8 +75,8 @@ class Family:
             _jax.primitive_jvps[prim] = functools.partial(rules.jvp_rule, role)
             _jax.primitive_transposes[prim] = functools.partial(rules.transpose_rule, role)
             if role == "primal" and rules is _derivatives:  # keeps a fwd rule's residuals
-                _jax.primitive_linearizations[prim] = functools.partial(
-                    _derivatives.linearize_rule, role)
+                _jax.primitive_linearizations[prim] = _jax.linearize_rule(
+                    functools.partial(_derivatives.linearize_rule, role))
             _jax.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
             if op.shard is not None:  # lowered per shard: needs the devices
                 _jax.requires_devices_during_lowering.add(prim)

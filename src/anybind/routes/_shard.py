@@ -124,7 +124,9 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
             run = lambda *ops: _shard_call_p.bind(*ops, slot=slot)
 
         def lower_fn(*ops):
-            return [jax.lax.psum(o, s) if s else o for o, s in zip(run(*ops), sums)]
+            outs = run(*ops)
+            with _jax.reductions_in_partitioned_body(mesh):
+                return [jax.lax.psum(o, s) if s else o for o, s in zip(outs, sums)]
         arg_sh = tuple(NamedSharding(mesh, P(*[plan.get(f) for f in fl])) for fl in ops_f)
         res_sh = [NamedSharding(mesh, P(*[plan.get(f) for f in fl])) for fl in res_f]
         return mesh, lower_fn, res_sh, arg_sh
