@@ -51,7 +51,8 @@ EvalTrace = _core.EvalTrace                       # the trace of eager evaluatio
 primitive_jvps = _ad.primitive_jvps               # jvp rule per primitive (0.4)
 primitive_transposes = _ad.primitive_transposes   # transpose rule per primitive (0.4)
 primitive_linearizations = _ad.primitive_linearizations  # linearize rule, keeps residuals (0.5)
-# 0.9.1 calls a linearize rule as rule(is_vjp, nonzeros, *primals); 0.9.0 as rule(nonzeros, ...)
+# 0.9.1 calls a linearize rule as rule(is_vjp, nonzeros, *primals); 0.8.0-0.9.0 as
+# rule(nonzeros, *primals)
 _LINEARIZE_IS_VJP = "_is_vjp" in inspect.signature(_ad.fallback_linearize_rule).parameters
 
 
@@ -125,10 +126,10 @@ pvary = getattr(_core, "pvary", None)             # mark a value varying over ax
 
 
 def reductions_in_partitioned_body(mesh):
-    """The context of the psums in a custom_partitioning body: before 0.9.2 they must see
+    """The context of the psums in a custom_partitioning body: up to 0.9.0 they must see
     the mesh's axes as Auto (under Explicit axes XLA rejected the reducer: "Unsupported
-    reduction computation"); from 0.9.2 none is needed."""
-    if VERSION >= (0, 9, 2):
+    reduction computation"); from 0.9.1 none is needed."""
+    if VERSION >= (0, 9, 1):
         return contextlib.nullcontext()
     from jax.sharding import AbstractMesh, AxisType
     names = tuple(mesh.axis_names)
