@@ -178,9 +178,6 @@ def test_initial_style_vmap():
 
 
 # ports CustomJVPTest.test_initial_style_vmap_with_collective
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 item 1: lax.psum over a named vmap axis "
-                           "inside a traced op")
 def test_initial_style_vmap_with_collective():
     f = custom_jvp(lambda x: lax.psum(x, "foo"), lambda p, t: t[0])
 
@@ -913,9 +910,6 @@ def test_ensure_compile_time_eval():
 # the function up front and allows those closures.
 
 # ports CustomJVP3Test.test_axis_index_in_primal_under_vmap
-@pytest.mark.xfail(strict=True, raises=NameError,
-                   reason="issue 19 item 1: lax.axis_index of a named vmap axis inside a "
-                          "traced op")
 def test_axis_index_in_primal_under_vmap():
     f = custom_jvp(lambda x: x * lax.axis_index("i").astype(x.dtype),
                    lambda p, t: t[0] * lax.axis_index("i").astype(t[0].dtype))
@@ -925,9 +919,6 @@ def test_axis_index_in_primal_under_vmap():
 
 
 # ports CustomJVP3Test.test_axis_index_in_rule_only_error
-@pytest.mark.xfail(strict=True, raises=NameError,
-                   reason="issue 19 item 1: lax.axis_index of a named vmap axis inside a "
-                          "traced rule")
 def test_axis_index_in_rule_only_error():
     # JAX raises (the rule's batching cannot be inferred from the primal); the rule
     # is traced code run under the vmap, so here the tangent is x·ċ·(1 + i)

@@ -47,8 +47,15 @@ EvalTrace = _core.EvalTrace                       # the trace of eager evaluatio
 primitive_jvps = _ad.primitive_jvps               # jvp rule per primitive (0.4)
 primitive_transposes = _ad.primitive_transposes   # transpose rule per primitive (0.4)
 primitive_linearizations = _ad.primitive_linearizations  # linearize rule, keeps residuals (0.5)
-primitive_batchers = _batching.primitive_batchers  # vmap rule per primitive (0.4)
-fancy_primitive_batchers = _batching.fancy_primitive_batchers  # cleared with an op (0.4.36)
+fancy_primitive_batchers = _batching.fancy_primitive_batchers  # vmap rules given the axis (0.4.36)
+batch_jaxpr = _batching.batch_jaxpr               # which outputs of traced code vary over an axis (0.4.36)
+NamedAxisEffect = _core.NamedAxisEffect           # the vmap axis names a jaxpr's collectives use (0.4.36)
+
+
+def axis_name(axis_data):
+    """The name of the vmap axis a fancy batcher receives (``axis_data``), None if unnamed (0.4.36)."""
+    name = axis_data.name
+    return None if name is _core.no_axis_name else name
 register_lowering = _mlir.register_lowering       # MLIR lowering per primitive (0.4)
 lowerings = _mlir._lowerings                      # cleared when an op is collected (0.4)
 platform_specific_lowerings = _mlir._platform_specific_lowerings  # likewise (0.4)

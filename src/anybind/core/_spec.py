@@ -263,9 +263,15 @@ class Batch:
     ``mask`` is True, of length 1 (broadcast against the batch) where False.
     Every output carries a leading axis of length ``size``. Nested ``vmap``
     merges its axis into this one, so a host function always sees exactly one.
+
+    ``axes``: when a ``vmap`` that made the axis names it (``axis_name=``), the
+    factors of the merged axis, ``((name, size), ...)`` outermost first, None
+    for an unnamed one, so that traced code sees each named axis again (see
+    ``_batching.vmapped``); () when none is named. Host code ignores it.
     """
     size: int
     mask: tuple
+    axes: tuple = ()
 
 
 class InBatched(tuple):
