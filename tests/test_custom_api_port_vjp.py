@@ -387,8 +387,6 @@ def test_initial_style_vmap_3():
 
 
 # ports CustomVJPTest.test_initial_style_vmap_with_collective
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 19 item 1: lax.psum over a named vmap axis inside a traced op")
 def test_initial_style_vmap_with_collective():
     f = custom_vjp(lambda x: lax.psum(x, "foo"), lambda p, dx: (dx,))
 

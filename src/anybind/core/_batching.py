@@ -18,16 +18,31 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _jax
 from ._spec import Batch, InBatched
 
 
-def vmapped(fn: Callable[..., list], mask: Sequence[bool], size: int) -> Callable[..., list]:
-    """``fn`` on unbatched operands, lifted to operands in ``Batch`` layout."""
+def vmapped(fn: Callable[..., list], mask: Sequence[bool], size: int,
+            axes: tuple = ()) -> Callable[..., list]:
+    """``fn`` on unbatched operands, lifted to operands in ``Batch`` layout.
+
+    With ``axes`` (``Batch.axes``), the merged axis is split into its factors
+    and ``fn`` runs under one ``jax.vmap`` per factor, named as the user's vmap
+    was, so that its collectives (``lax.psum``, ``lax.axis_index``) find them.
+    """
     in_axes = [0 if m else None for m in mask]
 
     def run(*ops):
         squeezed = [o if m else lax.squeeze(o, (0,)) for o, m in zip(ops, mask)]
-        return jax.vmap(lambda *a: list(fn(*a)), in_axes=in_axes, axis_size=size)(*squeezed)
+        f = lambda *a: list(fn(*a))  # noqa: E731
+        if not axes:
+            return jax.vmap(f, in_axes=in_axes, axis_size=size)(*squeezed)
+        sizes = tuple(n for _, n in axes)
+        split = [lax.reshape(o, sizes + o.shape[1:]) if m else o
+                 for o, m in zip(squeezed, mask)]
+        for name, n in reversed(axes):  # the innermost factor is the innermost vmap
+            f = jax.vmap(f, in_axes=in_axes, axis_size=n, axis_name=name)
+        return [lax.reshape(o, (size,) + o.shape[len(axes):]) for o in f(*split)]
     return run
 
 
@@ -48,21 +63,84 @@ def _merge(x, dim, batched_before: bool, size: int, old: int | None):
     return lax.reshape(x, (size * old,) + x.shape[2:]), True
 
 
-def batch_rule(prim, args, dims, *, batch: Batch | None, **params):
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+def batch_rule(prim, role, code, axis_data, args, dims, *, batch: Batch | None, **params):
+    """The vmap rule of every primitive of an op (JAX's batcher, given the axis).
+
+    ``code(role, batch, params)`` is the traced code a primitive of the role
+    inlines, or None for host code. Operands none of which vary over this axis
+    leave the primitive unbatched, unless its traced code uses the axis's name
+    (a psum over it, its axis_index): then it is batched to run under the named
+    vmap, and the outputs that do not vary over the axis come back unbatched.
+    """
+    name = _jax.axis_name(axis_data)
+    size = axis_data.size
+    varying = None  # which outputs vary over the axis, when none of the operands does
+    if all(d is None for d in dims):
+        if name is not None:
+            varying = _varying(role, code, axis_data, name, args, batch, params)
+        if varying is None:
+            outs = prim.bind(*args, batch=batch, **params)
+            return outs, [None] * len(outs)
     old = None if batch is None else batch.size
     before = (False,) * len(args) if batch is None else batch.mask
     merged = [_merge(a, d, b, size, old) for a, d, b in zip(args, dims, before)]
-    new = Batch(size if old is None else size * old, tuple(m for _, m in merged))
+    axes = ((name, size),) + ((() if batch is None else batch.axes or ((None, old),)))
+    new = Batch(size if old is None else size * old, tuple(m for _, m in merged),
+                axes if any(n is not None for n, _ in axes) else ())
     outs = prim.bind(*[a for a, _ in merged], batch=new, **params)
     if old is not None:
         outs = [lax.reshape(o, (size, old) + o.shape[1:]) for o in outs]
     flags = out_batched(prim, params["call"], new, params.get("lin"))
+    if varying is not None:
+        flags = varying if flags is None else [f and v for f, v in zip(flags, varying)]
     if flags is None:
         return outs, [0] * len(outs)
     # Outputs a vmap rule leaves unbatched are broadcast over the batch; take one row.
     return ([o if f else o[0] for o, f in zip(outs, flags)],
             [0 if f else None for f in flags])
+
+
+def _varying(role, code, axis_data, name, args, batch, params) -> list[bool] | None:
+    """Which outputs vary over a named axis that no operand varies over, if the
+    traced code uses its name; None if it does not.
+
+    For the primal, the tangent's code (a traced jvp rule, or one derived from a
+    traced vjp rule) is looked in too: differentiation above this vmap runs it on
+    these same unbatched operands, outside the vmap, so the primal must be batched
+    for it to find the axis; an output whose tangent varies then varies too.
+    """
+    avals = [jax.typeof(a) for a in args]
+    found = _uses(code(role, batch, params), avals, axis_data, name)
+    call = params["call"]
+    if role == "primal" and any(call.float_in):
+        call = call.without_residuals if call.res_avals or call.res_tree else call
+        lin = tuple(call.float_in)
+        jvp_params = dict(call=call, lin=lin, need=None)
+        tangent_avals = [a for a, f in zip(avals[:call.n_in], lin) if f]
+        jvp_batch = batch and dataclasses.replace(
+            batch, mask=batch.mask + tuple(m for m, f in zip(batch.mask, lin) if f))
+        try:  # a probe: if the rule cannot be traced here, it raises where it runs
+            tangent = _uses(code("jvp", jvp_batch, jvp_params), avals + tangent_avals,
+                            axis_data, name)
+        except Exception:  # noqa: BLE001
+            tangent = None
+        if tangent is not None:
+            ts = iter(tangent)
+            tangent = [f and next(ts) for f in call.float_out]
+            found = tangent if found is None else [a or b for a, b in zip(found, tangent)]
+    return found
+
+
+def _uses(fn, avals, axis_data, name) -> list[bool] | None:
+    """Which outputs of ``fn`` vary over the axis when no input does, if ``fn`` uses the
+    axis's name; None if it does not (or ``fn`` is None: host code)."""
+    if fn is None:
+        return None
+    closed = jax.make_jaxpr(lambda *a: list(fn(*a)))(*avals)
+    if not any(isinstance(e, _jax.NamedAxisEffect) and e.name == name
+               for e in closed.effects):
+        return None
+    return list(_jax.batch_jaxpr(closed, axis_data, [False] * len(avals), False)[1])
 
 
 def in_batched(call, mask) -> InBatched:

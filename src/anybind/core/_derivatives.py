@@ -88,7 +88,7 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
     ts = [tangents[i] for i in sel]
     if batch is not None:
         core = vmapped(core, batch.mask + (True,) * len(saved) + tuple(batch.mask[i] for i in sel),
-                       batch.size)
+                       batch.size, batch.axes)
     t_out = iter(core(*primals, *saved, *ts))
     tangents = [next(t_out) if f else None for f in out_float]
     return outs, [_jax.Zero(jax.typeof(o).to_tangent_aval()) if t is None else t
@@ -281,7 +281,7 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
         out = core(*nonlin, *pcts)
     else:
         out = vmapped(core, tuple(batch.mask[i] for i in lay.nonlin) + (True,) * len(pcts),
-                      batch.size)(*nonlin, *pcts)
+                      batch.size, batch.axes)(*nonlin, *pcts)
         out = [sum_unbatched(c, batch.mask[i]) for c, i in zip(out, lin_idx)]
     for i, c in zip(lin_idx, out):
         res[i] = c
@@ -294,7 +294,7 @@ def _transpose_traced(call: Call, batch, cts, operands, undefined):
     rules define derivatives, not transposes, as for ``jax.custom_jvp``."""
     run = traced_run("primal", call, Rule(call.op.fn, True), None, None)
     if batch is not None:
-        run = vmapped(run, batch.mask, batch.size)
+        run = vmapped(run, batch.mask, batch.size, batch.axes)
     und = [i for i, u in enumerate(undefined) if u]
     fo = call.float_out
 

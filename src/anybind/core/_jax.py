@@ -59,8 +59,19 @@ _LINEARIZE_IS_VJP = "_is_vjp" in inspect.signature(_ad.fallback_linearize_rule).
 def linearize_rule(rule):
     """``rule(is_vjp, nonzeros, *primals, **params)`` in the form this JAX calls it."""
     return rule if _LINEARIZE_IS_VJP else functools.partial(rule, False)
-primitive_batchers = _batching.primitive_batchers  # vmap rule per primitive (0.4)
-fancy_primitive_batchers = _batching.fancy_primitive_batchers  # cleared with an op (0.4.36)
+
+
+fancy_primitive_batchers = _batching.fancy_primitive_batchers  # vmap rules given the axis (0.4.36)
+batch_jaxpr = _batching.batch_jaxpr               # which outputs of traced code vary over an axis (0.4.36)
+NamedAxisEffect = _core.NamedAxisEffect           # the vmap axis names a jaxpr's collectives use (0.4.36)
+
+
+def axis_name(axis_data):
+    """The name of the vmap axis a fancy batcher receives (``axis_data``), None if unnamed (0.4.36)."""
+    name = axis_data.name
+    return None if name is _core.no_axis_name else name
+
+
 register_lowering = _mlir.register_lowering       # MLIR lowering per primitive (0.4)
 lowerings = _mlir._lowerings                      # cleared when an op is collected (0.4)
 platform_specific_lowerings = _mlir._platform_specific_lowerings  # likewise (0.4)

@@ -130,7 +130,8 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None)
         return total
 
     if batch is not None:
-        core = vmapped(core, batch.mask + tuple(batch.mask[i] for i in pos), batch.size)
+        core = vmapped(core, batch.mask + tuple(batch.mask[i] for i in pos), batch.size,
+                       batch.axes)
     return outs, list(core(*primals, *ts))
 
 
@@ -169,7 +170,7 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
         out = core(*[operands[i] for i in keep], *w)
     else:
         out = vmapped(core, tuple(batch.mask[i] for i in keep) + (True,) * len(w),
-                      batch.size)(*[operands[i] for i in keep], *w)
+                      batch.size, batch.axes)(*[operands[i] for i in keep], *w)
         out = [sum_unbatched(c, batch.mask[i]) for c, i in zip(out, own)]
     for i, c in zip(own, out):
         if undefined[i]:

@@ -77,7 +77,8 @@ class Family:
             if role == "primal" and rules is _derivatives:  # keeps a fwd rule's residuals
                 _jax.primitive_linearizations[prim] = _jax.linearize_rule(
                     functools.partial(_derivatives.linearize_rule, role))
-            _jax.primitive_batchers[prim] = functools.partial(_batching.batch_rule, prim)
+            _jax.fancy_primitive_batchers[prim] = functools.partial(
+                _batching.batch_rule, prim, role, _traced_code)
             if op.shard is not None:  # lowered per shard: needs the devices
                 _jax.requires_devices_during_lowering.add(prim)
             self.prims[role] = prim
@@ -110,15 +111,31 @@ def _lower(role, ctx, *args, call: Call, batch: Batch | None, lin=None, need=Non
             by_vmap_rule=by_vmap_rule,
             effect=role in ("primal", "fwd") and op.has_side_effect)
         return _lowering.lower(site, *args)
-    if by_vmap_rule:
-        if call.n_closure:
-            raise _closures.vmap_rule_error(call)
-        fn = _traced_vmap_rule(call, rule, batch)
-    else:
-        fn = traced_run(role, call, rule, lin, need)
-        if batch is not None:
-            fn = _batching.vmapped(fn, batch.mask, batch.size)
+    if by_vmap_rule and call.n_closure:
+        raise _closures.vmap_rule_error(call)
+    fn = _traced(role, call, rule, batch, lin, need, by_vmap_rule)
     return _jax.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
+def _traced(role, call, rule, batch, lin, need, by_vmap_rule) -> Callable[..., list]:
+    """The traced code a primitive inlines: a traced rule, vmapped over ``batch``."""
+    if by_vmap_rule:
+        return _traced_vmap_rule(call, rule, batch)
+    fn = traced_run(role, call, rule, lin, need)
+    if batch is not None:
+        fn = _batching.vmapped(fn, batch.mask, batch.size, batch.axes)
+    return fn
+
+
+def _traced_code(role, batch: Batch | None, params: dict) -> Callable[..., list] | None:
+    """What ``_lower`` would inline for these parameters, or None for host code (the
+    batching rule looks in it for the names of vmap axes)."""
+    call, need = params["call"], params.get("need")
+    by_vmap_rule = batch is not None and role == "primal" and call.op.vmap_rule is not None
+    rule = call.op.vmap_rule if by_vmap_rule else rule_of(role, call, need)
+    if rule is None or not rule.traced or (by_vmap_rule and call.n_closure):
+        return None
+    return _traced(role, call, rule, batch, params.get("lin"), need, by_vmap_rule)
 
 
 def _traced_vmap_rule(call: Call, rule: Rule, batch: Batch) -> Callable[..., list]:

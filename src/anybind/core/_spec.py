@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import weakref
 from typing import Any, Callable
 
@@ -263,9 +264,15 @@ class Batch:
     ``mask`` is True, of length 1 (broadcast against the batch) where False.
     Every output carries a leading axis of length ``size``. Nested ``vmap``
     merges its axis into this one, so a host function always sees exactly one.
+
+    ``axes``: when a ``vmap`` that made the axis names it (``axis_name=``), the
+    factors of the merged axis, ``((name, size), ...)`` outermost first, None
+    for an unnamed one, so that traced code sees each named axis again (see
+    ``_batching.vmapped``); () when none is named. Host code ignores it.
     """
     size: int
     mask: tuple
+    axes: tuple = ()
 
 
 class InBatched(tuple):
@@ -296,6 +303,7 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
         shape = op.shape
     if shape is None:
         if op.traced:
+            _check_signature(op, args, kwargs)
             flat_args = [*in_avals, *kw_avals]
             out = jax.eval_shape(
                 lambda *leaves: op.fn(*args_tree.unflatten(leaves[:len(in_avals)]),
@@ -346,6 +354,22 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"and outputs must be floating or complex; got inputs "
                 f"{[fmt_aval(a) for a in in_avals]} and outputs {[fmt_aval(a) for a in out_avals]}")
     return out_tree, tuple(out_avals), paths
+
+
+def _check_signature(op, args, kwargs) -> None:
+    """Calling a traced op's function with arguments it does not take names the op."""
+    try:
+        sig = inspect.signature(op.fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the call will say
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        fn = getattr(op.fn, "__qualname__", repr(op.fn))
+        raise TypeError(
+            f"anybind op '{op.name}': its function {fn} cannot be called with "
+            f"{len(args)} positional argument(s) and keyword(s) {sorted(kwargs)}: "
+            f"{e}") from None
 
 
 def _output_at(path) -> str:
