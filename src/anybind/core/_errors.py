@@ -6,6 +6,7 @@ name                     what it is
 ``MissingRuleError``     a transformation needs a rule the op does not have
 ``HostError``            host or compiled code failed, or returned the wrong thing
 ``remember_host_error``  keeps a failed call's HostError for its eager caller
+``describe``             an exception as "Type: message", whatever its ``__str__`` does
 ``pop_host_error``       the HostError behind a runtime error of an op's program
 ``find_host_error``      likewise for any recent op (``ab.debug`` re-raises it)
 =======================  ==========================================================
@@ -51,11 +52,44 @@ def remember_host_error(op, err: HostError) -> None:
         errors[str(err)] = err
         while len(errors) > 64:  # errors of jitted calls are never collected by a caller
             errors.pop(next(iter(errors)))
-    with _RECENT_LOCK:  # for ab.debug(), which re-raises them from jitted calls too
+    remember_recent_host_error(err)
+
+
+def remember_recent_host_error(err: HostError) -> None:
+    """Keep a HostError among the recent ones, which eager callers and ``ab.debug()`` re-raise."""
+    with _RECENT_LOCK:
         _RECENT.pop(str(err), None)
         _RECENT[str(err)] = err
         while len(_RECENT) > 8:
             _RECENT.pop(next(iter(_RECENT)))
+
+
+def describe(e: BaseException) -> str:
+    """``"Type: message"`` of an exception, as text that any UTF-8 consumer can carry.
+
+    A ``__str__`` that raises gives a placeholder naming what it raised; lone
+    surrogates and other characters UTF-8 cannot hold are escaped.
+    """
+    text = message_of(e)
+    if text is None:
+        try:
+            text = str(e)
+        except Exception as inner:  # noqa: BLE001  (any failure of user code)
+            text = f"<str() of the exception raised {type(inner).__name__}>"
+        if not isinstance(text, str):
+            text = "<its message is not text>"
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def message_of(e: BaseException) -> str | None:
+    """``str(e)`` where it is text that UTF-8 can hold, else None."""
+    try:
+        text = str(e)
+        text.encode("utf-8")
+    except Exception:  # noqa: BLE001  (a __str__ of user code, or a lone surrogate)
+        return None
+    return text
 
 
 def where(e: BaseException) -> str:
