@@ -14,6 +14,7 @@ name                     what it is
 from __future__ import annotations
 
 import os
+import re
 import threading
 import traceback
 
@@ -103,13 +104,23 @@ def where(e: BaseException) -> str:
 
 
 def find_host_error(runtime_error: BaseException) -> HostError | None:
-    """The HostError whose message a runtime error of a compiled program carries, if recent."""
+    """The HostError whose message a runtime error of a compiled program carries, if recent;
+    for an error of compiled code (``_shim.c``), a HostError with its message."""
     text = str(runtime_error)
     with _RECENT_LOCK:
         for msg in reversed(_RECENT):
             if msg in text:
                 return _RECENT[msg]
-    return None
+    m = _COMPILED.search(text)
+    return None if m is None else HostError(_without_jax_note(text[m.start():]))
+
+
+_COMPILED = re.compile(r"anybind op '[^'\n]*': the compiled ")
+
+
+def _without_jax_note(text: str) -> str:
+    """The message without the note JAX appends about the frames it hid."""
+    return text.split("\n--------------------\n")[0]
 
 
 def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
@@ -120,5 +131,5 @@ def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
                 return op._host_errors.pop(msg)
     mark = f"anybind op '{op.name}': the compiled "  # an error of compiled code (_shim.c)
     if mark in text:
-        return HostError(text[text.index(mark):])
+        return HostError(_without_jax_note(text[text.index(mark):]))
     return None

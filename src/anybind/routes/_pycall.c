@@ -410,7 +410,8 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
   PyObject *entry = k != NULL && registry != NULL ? PyDict_GetItemWithError(registry, k) : NULL;
   PyObject *what = NULL, *heap = NULL;
   if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) entry = NULL;
-  if (entry != NULL && PyWeakref_Check(PyTuple_GET_ITEM(entry, 0)) && PyBytes_Check(PyTuple_GET_ITEM(entry, 1))) {
+  if (entry != NULL && PyWeakref_Check(PyTuple_GET_ITEM(entry, 0)) &&
+      PyBytes_Check(PyTuple_GET_ITEM(entry, 1))) {
     PyObject *ref = PyTuple_GET_ITEM(entry, 0);
     Py_INCREF(entry); /* the registry may drop it while host code runs */
     what = PyTuple_GET_ITEM(entry, 2);
