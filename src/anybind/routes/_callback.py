@@ -42,6 +42,14 @@ def _in_views(buffers) -> list:
     return views
 
 
+def _held(views: list) -> bool:
+    """Whether anyone but the list holds one of the views."""
+    for v in views:
+        if getrefcount(v) > 3:  # the list, the name v, and getrefcount's argument
+            return True
+    return False
+
+
 def buffer_callback(guarded: Callable, n_out: int) -> Callable:
     """``guarded`` as XLA's buffer callback: ``callback(exec_ctx, *ins, *outs)`` on Buffers.
 
@@ -56,18 +64,18 @@ def buffer_callback(guarded: Callable, n_out: int) -> Callable:
     def callback(exec_ctx, *buffers):
         del exec_ctx
         n = len(buffers) - n_out
-        views = _in_views(buffers[:n]) + [b.__array__() for b in buffers[n:]]
+        ins, outs = _in_views(buffers[:n]), [b.__array__() for b in buffers[n:]]
         try:
-            guarded(views[:n], views[n:])
+            guarded(ins, outs)
         except BaseException as e:
-            if max(map(getrefcount, views)) > 2:  # the list, and getrefcount's argument
+            if _held(ins) or _held(outs):
                 release_frames(e, False)
-                if max(map(getrefcount, views)) > 2:
+                if _held(ins) or _held(outs):
                     release_frames(e, True)
             raise
-        if views and max(map(getrefcount, views)) > 2:
-            kept = [i for i, r in enumerate(map(getrefcount, views)) if r > 2]
-            kept_views(what, [i for i in kept if i < n], [i - n for i in kept if i >= n])
+        if _held(ins) or _held(outs):
+            kept_views(what, [i for i in range(n) if getrefcount(ins[i]) > 2],  # list, argument
+                       [j for j in range(n_out) if getrefcount(outs[j]) > 2])
         return ()
     return callback
 

@@ -117,11 +117,10 @@ static PyObject *view(const XLA_FFI_Buffer *b, int writable, PyObject *lease) {
                                      NULL, b->data,
                                      writable ? NPY_ARRAY_CARRAY : NPY_ARRAY_CARRAY_RO, NULL);
   if (a == NULL) return NULL;
-  Py_INCREF(lease); /* PyArray_SetBaseObject steals it */
-  if (PyArray_SetBaseObject((PyArrayObject *)a, lease) < 0) {
-    Py_DECREF(a);
-    return NULL;
-  }
+  /* What PyArray_SetBaseObject does for a new view of foreign memory and a base
+     that owns its data, without its checks: this runs for every operand. */
+  Py_INCREF(lease);
+  ((PyArrayObject_fields *)a)->base = lease;
   return a;
 }
 
@@ -191,8 +190,11 @@ static void utf8_into(char *msg, size_t size, const char *text, size_t len) {
   msg[o < size ? o : size - 1] = '\0';
 }
 
-/* str(obj) as UTF-8 (lone surrogates escaped) into msg; `fallback` if str fails. */
+/* str(obj) as UTF-8 (lone surrogates escaped) into msg; `fallback` if str fails.
+   A pending exception stays pending. */
 static void str_into(char *msg, size_t size, PyObject *obj, const char *fallback) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
   PyObject *str = obj != NULL ? PyObject_Str(obj) : NULL;
   PyObject *bytes = str != NULL ? PyUnicode_AsEncodedString(str, "utf-8", "backslashreplace")
                                 : NULL;
@@ -200,9 +202,10 @@ static void str_into(char *msg, size_t size, PyObject *obj, const char *fallback
     utf8_into(msg, size, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
   else
     snprintf(msg, size, "%s", fallback);
-  PyErr_Clear();
   Py_XDECREF(bytes);
   Py_XDECREF(str);
+  PyErr_Clear();
+  PyErr_Restore(type, value, tb);
 }
 
 /* The pending exception, cleared, into msg: a HostError (which names its op
@@ -268,12 +271,14 @@ static int shape_into(char *out, size_t size, int64_t code, int64_t rank, const 
 }
 
 /* 0 when the frame's operands are those of the signature; else -1, with msg. */
-static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, const char *what,
+static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, PyObject *what_obj,
                            char *msg, size_t size) {
+  char what[512];
   const int64_t *s = (const int64_t *)PyBytes_AS_STRING(sig);
   int64_t len = (int64_t)(PyBytes_GET_SIZE(sig) / (Py_ssize_t)sizeof(int64_t));
   int64_t n_in = frame->args.size, n_out = frame->rets.size;
   if (len < 2 || s[0] != n_in || s[1] != n_out) {
+    str_into(what, sizeof what, what_obj, "anybind host code");
     snprintf(msg, size, "%s was called with %lld inputs and %lld outputs, but its program "
              "declared %lld and %lld; host code runs only on the operands its program "
              "declared", what, (long long)n_in, (long long)n_out,
@@ -290,6 +295,7 @@ static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, const char *
                                                  : (const XLA_FFI_Buffer *)frame->rets.rets[j])
                                         : NULL;
     if (p + 2 > len || p + 2 + s[p + 1] > len || s[p + 1] < 0) {
+      str_into(what, sizeof what, what_obj, "anybind host code");
       snprintf(msg, size, "%s: its registered signature is malformed", what);
       return -1;
     }
@@ -302,6 +308,7 @@ static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, const char *
       char got[256] = "not an array", want[256];
       if (b != NULL) shape_into(got, sizeof got, (int64_t)b->dtype, b->rank, b->dims);
       shape_into(want, sizeof want, code, rank, dims);
+      str_into(what, sizeof what, what_obj, "anybind host code");
       snprintf(msg, size, "%s was called with %s %lld of %s, but its program declared %s; "
                "host code runs only on the operands its program declared", what,
                input ? "input" : "output", (long long)j, got, want);
@@ -402,7 +409,8 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
   }
 
   XLA_FFI_Error *error = NULL;
-  char msg[MSG_SIZE], what_text[512] = "anybind host code";
+  char msg[MSG_SIZE], what_text[512];
+#define WHAT (str_into(what_text, sizeof what_text, what, "anybind host code"), what_text)
   int64_t n_in = frame->args.size, n = n_in + frame->rets.size;
   PyObject *stack[2 * STACK_OPERANDS], **vs = stack, **ls = stack + STACK_OPERANDS;
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -422,13 +430,12 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     fn = fn == Py_None ? NULL : fn;
     Py_XINCREF(fn);
 #endif
-    str_into(what_text, sizeof what_text, what, "anybind host code");
   } else {
     entry = NULL;
   }
   if (fn == NULL) {
     if (PyErr_Occurred()) {
-      describe_exception(msg, sizeof msg, what_text);
+      describe_exception(msg, sizeof msg, WHAT);
     } else {
       snprintf(msg, sizeof msg, "anybind: no Python host callback %lld in this process (a "
                "program that calls Python host code runs only in the process that "
@@ -437,14 +444,14 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     error = fail(api, XLA_FFI_Error_Code_NOT_FOUND, msg);
     goto done;
   }
-  if (check_signature(frame, PyTuple_GET_ITEM(entry, 1), what_text, msg, sizeof msg) < 0) {
+  if (check_signature(frame, PyTuple_GET_ITEM(entry, 1), what, msg, sizeof msg) < 0) {
     error = fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
     goto done;
   }
   if (n > STACK_OPERANDS) {
     heap = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(2 * n * sizeof(PyObject *)));
     if (heap == NULL) {
-      describe_exception(msg, sizeof msg, what_text);
+      describe_exception(msg, sizeof msg, WHAT);
       error = fail(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, msg);
       goto done;
     }
@@ -469,7 +476,7 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     }
   }
   if (res == NULL) {
-    describe_exception(msg, sizeof msg, what_text);
+    describe_exception(msg, sizeof msg, WHAT);
     error = fail(api, XLA_FFI_Error_Code_INTERNAL, msg);
   }
   for (int64_t i = n - 1; i >= 0 && fn != NULL; --i) { /* the next call takes them in order */

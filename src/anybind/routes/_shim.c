@@ -72,6 +72,7 @@ typedef struct {
   anybind_fn fn;
   char *what; /* "anybind op 'f': the compiled jvp rule", for error messages */
   char *name; /* the stable name a call must give */
+  size_t name_len;
   int64_t validate; /* 1: ask the validator about operands not allowed yet */
   allowed *first;
 } binding;
@@ -139,6 +140,7 @@ int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
   b->what = copy_of(what);
   b->validate = validate;
   if (b->name == NULL || b->what == NULL) return 2;
+  b->name_len = strlen(b->name);
   table *t = current;
   slot *s = find(t, key);
   if (s != NULL) {
@@ -307,10 +309,9 @@ static int64_t item_size(XLA_FFI_DataType t) {
   }
 }
 
-static int attr_is(const XLA_FFI_ByteSpan *name, const char *want) {
-  size_t n = strlen(want);
-  return name->len == n && memcmp(name->ptr, want, n) == 0;
-}
+/* Whether an attribute's name is the literal `want` (its length known at compile time). */
+#define ATTR_IS(name, want) \
+  ((name)->len == sizeof(want) - 1 && memcmp((name)->ptr, want, sizeof(want) - 1) == 0)
 
 static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
@@ -442,18 +443,20 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     if (frame->attrs.types[i] == XLA_FFI_AttrType_SCALAR) {
       const XLA_FFI_Scalar *s = (const XLA_FFI_Scalar *)frame->attrs.attrs[i];
       if (s->dtype != XLA_FFI_DataType_S64) continue;
-      if (attr_is(a, "anybind_key")) key = *(const uint64_t *)s->value;
-      else if (attr_is(a, "anybind_rows")) rows = *(const int64_t *)s->value;
-      else if (attr_is(a, "anybind_debug")) debug = *(const int64_t *)s->value;
+      if (ATTR_IS(a, "anybind_key")) key = *(const uint64_t *)s->value;
+      else if (ATTR_IS(a, "anybind_rows")) rows = *(const int64_t *)s->value;
+      else if (ATTR_IS(a, "anybind_debug")) debug = *(const int64_t *)s->value;
     } else if (frame->attrs.types[i] == XLA_FFI_AttrType_STRING) {
-      if (attr_is(a, "anybind_name")) name = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
-      else if (attr_is(a, "anybind_tree")) tree = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
+      if (ATTR_IS(a, "anybind_name")) name = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
+      else if (ATTR_IS(a, "anybind_tree")) tree = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
     }
   }
-  char msg[MSG_SIZE], called[512] = "?";
-  if (name != NULL) utf8_into(called, sizeof called, name->ptr, (int64_t)name->len);
+  char msg[MSG_SIZE], called[512];
   slot *s = find(__atomic_load_n(&current, __ATOMIC_ACQUIRE), key == 0 ? 1 : key);
   binding *e = s == NULL ? NULL : __atomic_load_n(&s->b, __ATOMIC_ACQUIRE);
+  if (e == NULL || name == NULL || name->len != e->name_len ||
+      memcmp(name->ptr, e->name, name->len) != 0) /* for the message: any bytes at all */
+    utf8_into(called, sizeof called, name ? name->ptr : "?", name ? (int64_t)name->len : 1);
   if (e == NULL) {
     snprintf(msg, sizeof msg,
              "anybind: no compiled function is registered under the name '%s' in this "
@@ -461,8 +464,7 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
              "program that calls it", called);
     return fail(api, XLA_FFI_Error_Code_NOT_FOUND, msg);
   }
-  if (name == NULL || name->len != strlen(e->name) ||
-      memcmp(name->ptr, e->name, name->len) != 0) {
+  if (name == NULL || name->len != e->name_len || memcmp(name->ptr, e->name, name->len) != 0) {
     snprintf(msg, sizeof msg, "%s: a program called it as '%s', which is not its name; "
              "the program was not lowered by anybind for this op", e->what, called);
     return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
