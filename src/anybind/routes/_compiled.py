@@ -55,7 +55,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
-import secrets
 import threading
 import weakref
 
@@ -200,10 +199,13 @@ def _address(fn, kind: str) -> int:
 # A stable name ("f", "f.jvp", ...) is bound to one function at a time: binding
 # another under it while an op bound there lives is an error, since programs for
 # jax.export link to functions by name alone. Programs of this process link by a
-# key of their own per (name, function) instead, so a name freed by its ops (and
-# bound again) never changes what a compiled program of this process calls. The
-# shim's table grows as it fills; its bindings, and the functions they call,
-# live as long as the process (a program may run any of them).
+# key per (name, function) instead ("f#0" for the first function bound as "f",
+# "f#1" for another once the first's ops are gone, ...), so a name freed by its
+# ops and bound again never changes what a compiled program of this process
+# calls, and the same program lowered in another process is the same (JAX's
+# persistent compilation cache finds it). Such a key takes only the calls
+# lowered in this process. The shim's table grows as it fills; its bindings, and
+# the functions they call, live as long as the process (a program may run any).
 
 _lock = threading.Lock()
 
@@ -215,7 +217,7 @@ class _Name:
     address: int
     kind: str
     ops: weakref.WeakSet  # the live ops bound under it, all with this function
-    locals: dict  # address -> this process's key of (name, that function)
+    locals: dict  # address -> the key of (name, that function): key_of("name#i")
 
 
 _names: dict[str, _Name] = {}
@@ -237,14 +239,6 @@ def key_of(name: str) -> int:
     """The shim's 63-bit key for a stable name (FNV-1a would do; blake2b is at hand)."""
     h = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
     return (h & 0x7FFF_FFFF_FFFF_FFFF) or 1
-
-
-def _fresh_key() -> int:
-    """A key of this process: random, so that no program can count on it."""
-    while True:
-        key = secrets.randbits(63)
-        if key > 1:
-            return key
 
 
 def adopt(op, kind: str, fn, traced: bool) -> None:
@@ -290,8 +284,8 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
             locals_ = {} if entry is None else entry.locals
             entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_)
             _by_key[key_of(name)] = entry
-        if address not in entry.locals:
-            entry.locals[address] = local = _fresh_key()
+        if address not in entry.locals:  # "#" is in no name: no stable key is one of these
+            entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
             _bind(lib, local, address, name, text, validate=False)
         entry.ops.add(op)
         _keep.append(fn)
