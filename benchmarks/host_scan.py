@@ -48,7 +48,8 @@ BASE = "buffer_callback"
 
 def _bare(x1, x2):
     """The handler on a callable of its own: the cost of the route without anybind's runner."""
-    key = _hostffi.register(_BARE_HOLDER, _bare_host)
+    sig = _hostffi.signature([routes.sds(x1), routes.sds(x2)], [routes.sds(x1)])
+    key = _hostffi.register(_BARE_HOLDER, _bare_host, sig, "the bare callable")
     return jax.ffi.ffi_call(_hostffi.TARGET, routes.sds(x1))(
         x1, x2, **{_hostffi.ATTRIBUTE: np.int64(key)})
 

@@ -79,9 +79,9 @@ def _add_host_callback(self, cb):
     return _original_add(self, _timed(cb))
 
 
-def _register(module_context, cb):
+def _register(module_context, cb, *args):
     """anybind's FFI handler route: its callable is ``guarded(ins, outs)``."""
-    return _original_register(module_context, _timed(cb))
+    return _original_register(module_context, _timed(cb), *args)
 
 
 _mlir.ModuleContext.add_host_callback = _add_host_callback

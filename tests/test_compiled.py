@@ -13,7 +13,7 @@ import pytest
 from jax import lax
 
 import anybind as ab
-from anybind.routes import _compiled
+from anybind.routes import _shimlib
 import compiled_ops as co
 from helpers import (assert_close, check_first_order, check_transpose_identity,
                      host_call_count, randn, run_fresh_python)
@@ -262,14 +262,14 @@ def test_python_thread_runs_during_a_long_compiled_call():
 
 def test_shim_builds_at_first_use_and_names_a_missing_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    path = _compiled._build_at_first_use()
+    path = _shimlib._from_cache(build=True)
     assert path.parent == tmp_path / "anybind"
-    assert _compiled._open(path, strict=True).anybind_shim_version() == _compiled.SHIM_VERSION
+    assert _shimlib._open(path, strict=True).anybind_shim_version() == _shimlib.SHIM_VERSION
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "empty"))
     monkeypatch.delenv("CC", raising=False)
-    monkeypatch.setattr(_compiled.shutil, "which", lambda name: None)
+    monkeypatch.setattr(_shimlib.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match=r"no C compiler was found.*Python host functions work"):
-        _compiled._build_at_first_use()
+        _shimlib._from_cache(build=True)
 
 
 def test_signature_helpers():

@@ -1,13 +1,16 @@
 """jax.export of programs that call compiled ops: they serialise with no
 ``disabled_checks``, and run in a fresh process that imports the module that
 binds the ops (``compiled_ops.py``), with the same results as here."""
+import gc
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import anybind as ab
+from anybind.routes import _compiled
 import compiled_ops as co
 from helpers import assert_close, randn, run_fresh_python
 
@@ -71,14 +74,29 @@ def test_a_fresh_process_without_the_binding_names_the_missing_function(tmp_path
     assert "import the module that binds it" in res.stdout
 
 
-def test_rebinding_a_name_in_one_process_gets_a_new_stable_name():
+def test_a_name_means_one_function_while_an_op_holds_it():
     k = co.clib("ctypes")
     first = ab.bind(k["mul"], shape=ab.like(0), name="rebound")
-    second = ab.bind(k["mul_jvp"], shape=ab.like(0), name="rebound")  # another function
-    again = ab.bind(k["mul"], shape=ab.like(0), name="rebound")  # the same function
+    with pytest.raises(ValueError, match=r"anybind op 'rebound': its compiled function would "
+                       r"link as 'rebound', which another live op .* binds to a different "
+                       r"function"):
+        ab.bind(k["mul_jvp"], shape=ab.like(0), name="rebound")  # another function
+    again = ab.bind(k["mul"], shape=ab.like(0), name="rebound")  # the same function: fine
     x = jnp.ones(3)
-    texts = [jax.jit(op).lower(*(x,) * n).as_text() for op, n in ((first, 2), (second, 4),
-                                                                 (again, 2))]
-    assert 'anybind_name = "rebound"' in texts[0] and 'anybind_name = "rebound"' in texts[2]
-    assert 'anybind_name = "rebound#2"' in texts[1]
+    for op in (first, again):
+        assert 'anybind_name = "rebound"' in jax.jit(op).lower(x, x).as_text()
+        assert_close(op(x, 2 * x), 4 * np.ones(3))
+    exported = jax.export.export(jax.jit(first))(x, x)  # linked by the op's own name
+    assert f"anybind_key = {_compiled.key_of('rebound')}" in exported.mlir_module()
+    blob = exported.serialize()
+    compiled = jax.jit(first).lower(x, x).compile()  # linked by a key of this process
+    del first, again, op, exported  # (an Exported holds its ops)
+    gc.collect()
+    second = ab.bind(k["mul_jvp"], shape=lambda a, b, c, d: a, name="rebound")  # free now
     assert_close(second(x, x, x, x), 3 * np.ones(3))
+    assert_close(compiled(x, 2 * x), 4 * np.ones(3))  # still the function it was built for
+    with pytest.raises(Exception, match=r"anybind op 'rebound': the compiled function was "
+                       r"called with operands it does not take \(float64\[3\], float64\[3\] -> "
+                       r"float64\[3\]\): the op's shape rule refuses them"):
+        # the name now means a function of 4 inputs, which the op's shape rule refuses
+        jax.block_until_ready(jax.export.deserialize(blob).call(x, x))

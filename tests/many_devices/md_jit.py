@@ -3,6 +3,8 @@
 On Auto mesh axes (``jax.sharding.Mesh``'s default) XLA propagates shardings;
 on Explicit ones (``jax.make_mesh``'s default) the op's types carry them.
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -142,6 +144,7 @@ def test_a_plain_mesh_without_a_mesh_context():
     assert spec(out) == ("x", None)
 
 
+@functools.cache  # one function per stable name: every test uses the same op
 def _compiled_mul():
     numba = pytest.importorskip("numba")
     import anybind as ab

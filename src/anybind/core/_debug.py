@@ -14,6 +14,8 @@ piece                  what it does
 ``check_written``      fills an ``out=True`` function's outputs with a
                        sentinel before the call, and raises a ``HostError``
                        naming every output element still holding it after
+                       (compiled functions: the shim does the same, told by
+                       the attribute ``anybind_debug`` of their custom call)
 ``DEBUG``              the switch: a JAX configuration state, part of every
                        compilation cache key, so programs compiled outside
                        debug mode are compiled again inside it
@@ -37,7 +39,7 @@ DEBUG = _jax.bool_state(
     name="anybind_debug", default=False, include_in_jit_key=True,
     include_in_trace_context=True,
     help="anybind debug mode: host code gets copies of its inputs, and outputs that an "
-         "out=True function leaves unwritten raise an error naming them.")
+         "out=True or compiled function leaves unwritten raise an error naming them.")
 
 _BYTE = 0xA5
 _SHOWN = 10  # unwritten elements named in a message, at most
@@ -48,8 +50,8 @@ def debug(enabled: bool = True) -> Iterator[None]:
     """Run host code in debug mode inside this block (``ANYBIND_DEBUG=1`` does it everywhere).
 
     Host functions and rules get copies of their inputs instead of views of
-    XLA's buffers, and an ``out=True`` function that leaves output elements
-    unwritten raises ``ab.HostError`` naming them. A host call failing inside
+    XLA's buffers, and an ``out=True`` function or a compiled function that
+    leaves output elements unwritten raises ``ab.HostError`` naming them. A host call failing inside
     a compiled program raises its ``ab.HostError`` (with the user's exception as
     its cause) instead of ``jax.errors.JaxRuntimeError``. Programs compiled outside
     the block are compiled again inside it (the mode is part of JAX's

@@ -6,6 +6,7 @@ name                     what it is
 ``MissingRuleError``     a transformation needs a rule the op does not have
 ``HostError``            host or compiled code failed, or returned the wrong thing
 ``remember_host_error``  keeps a failed call's HostError for its eager caller
+``describe``             an exception as "Type: message", whatever its ``__str__`` does
 ``pop_host_error``       the HostError behind a runtime error of an op's program
 ``find_host_error``      likewise for any recent op (``ab.debug`` re-raises it)
 =======================  ==========================================================
@@ -53,11 +54,44 @@ def remember_host_error(op, err: HostError) -> None:
         errors[str(err)] = err
         while len(errors) > 64:  # errors of jitted calls are never collected by a caller
             errors.pop(next(iter(errors)))
-    with _RECENT_LOCK:  # for ab.debug(), which re-raises them from jitted calls too
+    remember_recent_host_error(err)
+
+
+def remember_recent_host_error(err: HostError) -> None:
+    """Keep a HostError among the recent ones, which eager callers and ``ab.debug()`` re-raise."""
+    with _RECENT_LOCK:
         _RECENT.pop(str(err), None)
         _RECENT[str(err)] = err
         while len(_RECENT) > 8:
             _RECENT.pop(next(iter(_RECENT)))
+
+
+def describe(e: BaseException) -> str:
+    """``"Type: message"`` of an exception, as text that any UTF-8 consumer can carry.
+
+    A ``__str__`` that raises gives a placeholder naming what it raised; lone
+    surrogates and other characters UTF-8 cannot hold are escaped.
+    """
+    text = message_of(e)
+    if text is None:
+        try:
+            text = str(e)
+        except Exception as inner:  # noqa: BLE001  (any failure of user code)
+            text = f"<str() of the exception raised {type(inner).__name__}>"
+        if not isinstance(text, str):
+            text = "<its message is not text>"
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def message_of(e: BaseException) -> str | None:
+    """``str(e)`` where it is text that UTF-8 can hold, else None."""
+    try:
+        text = str(e)
+        text.encode("utf-8")
+    except Exception:  # noqa: BLE001  (a __str__ of user code, or a lone surrogate)
+        return None
+    return text
 
 
 def where(e: BaseException) -> str:
@@ -80,19 +114,24 @@ def to_raise(err: HostError) -> BaseException:
     return err
 
 
-_COMPILED = re.compile(r"anybind op '[^']*': the compiled ")  # compiled code's (_shim.c)
-
-
 def find_host_error(runtime_error: BaseException) -> HostError | None:
-    """The HostError whose message a runtime error of a compiled program carries: a recent
-    one of host code, or one made from compiled code's message."""
+    """The HostError whose message a runtime error of a compiled program carries, if recent;
+    for an error of compiled code (``_shim.c``), a HostError with its message."""
     text = str(runtime_error)
     with _RECENT_LOCK:
         for msg in reversed(_RECENT):
             if msg in text:
                 return _RECENT[msg]
     m = _COMPILED.search(text)
-    return HostError(text[m.start():]) if m else None
+    return None if m is None else HostError(_without_jax_note(text[m.start():]))
+
+
+_COMPILED = re.compile(r"anybind op '[^'\n]*': the compiled ")
+
+
+def _without_jax_note(text: str) -> str:
+    """The message without the note JAX appends about the frames it hid."""
+    return text.split("\n--------------------\n")[0]
 
 
 def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
@@ -103,5 +142,5 @@ def pop_host_error(op, runtime_error: BaseException) -> HostError | None:
                 return op._host_errors.pop(msg)
     mark = f"anybind op '{op.name}': the compiled "  # an error of compiled code (_shim.c)
     if mark in text:
-        return HostError(text[text.index(mark):])
+        return HostError(_without_jax_note(text[text.index(mark):]))
     return None

@@ -12,7 +12,8 @@ route             module               runs
 ``shard``         ``_shard``           host or compiled code per shard of a program
                                        partitioned over several devices (``shard=``)
 ``compiled``      ``_compiled``        a C function pointer through the FFI shim
-                                       (``_shim.c``): no Python, no GIL, no copies
+                                       (``_shim.c``, loaded by ``_shimlib``): no
+                                       Python, no GIL, no copies
 ``gpu-host``      ``_gpu_host``        host code in a GPU program, by XLA's GPU
                                        Python callback (operands copied to the host)
 ``pyffi``         ``_pyffi``           host code on the CPU through anybind's own FFI
@@ -27,8 +28,9 @@ call) is in ``_host``. A new route is a new module and one line below.
 from __future__ import annotations
 
 from ..core import _lowering
-from . import _callback, _compiled, _gpu_device, _gpu_host, _pyffi, _shard
+from . import _callback, _compiled, _gpu_device, _gpu_host, _pyffi, _shard, _shimlib
 
+_shimlib.register_at_import()  # a deserialised program finds the shim's handler
 for _route in (_gpu_device.Route(), _shard.Route(), _compiled.Route(), _gpu_host.Route(),
                _pyffi.Route(), _callback.Route()):
     _lowering.register(_route)

@@ -16,13 +16,15 @@ piece              what it does
 """
 from __future__ import annotations
 
+from sys import getrefcount
 from typing import Callable
 
 import numpy as np
 
 from ..core import _lifetime
 from ..core._lowering import Site
-from ._host import Slot, cpu_only, emit, host_callback, not_exported, platform, runner_for
+from ._host import (Slot, cpu_only, emit, host_callback, kept_views, not_exported, platform,
+                    release_frames, runner_for)
 
 TARGET = "xla_buffer_python_cpu_callback"
 
@@ -40,12 +42,40 @@ def _in_views(buffers) -> list:
     return views
 
 
+def _held(views: list) -> bool:
+    """Whether anyone but the list holds one of the views."""
+    for v in views:
+        if getrefcount(v) > 3:  # the list, the name v, and getrefcount's argument
+            return True
+    return False
+
+
 def buffer_callback(guarded: Callable, n_out: int) -> Callable:
-    """``guarded`` as XLA's buffer callback: ``callback(exec_ctx, *ins, *outs)`` on Buffers."""
+    """``guarded`` as XLA's buffer callback: ``callback(exec_ctx, *ins, *outs)`` on Buffers.
+
+    A view's base is a Buffer of jaxlib's own, so every view NumPy derives from
+    it holds the view itself: a view that host code keeps past the call, or one
+    derived from it, shows as a reference to the view that the call did not
+    give back, and the call fails with an error naming it. A failed call's
+    traceback lets go of the views it holds.
+    """
+    what = getattr(guarded, "what", "anybind host code")
+
     def callback(exec_ctx, *buffers):
         del exec_ctx
         n = len(buffers) - n_out
-        guarded(_in_views(buffers[:n]), [b.__array__() for b in buffers[n:]])
+        ins, outs = _in_views(buffers[:n]), [b.__array__() for b in buffers[n:]]
+        try:
+            guarded(ins, outs)
+        except BaseException as e:
+            if _held(ins) or _held(outs):
+                release_frames(e, False)
+                if _held(ins) or _held(outs):
+                    release_frames(e, True)
+            raise
+        if _held(ins) or _held(outs):
+            kept_views(what, [i for i in range(n) if getrefcount(ins[i]) > 2],  # list, argument
+                       [j for j in range(n_out) if getrefcount(outs[j]) > 2])
         return ()
     return callback
 

@@ -11,15 +11,23 @@ piece                       what it does
 ==========================  ====================================================
 ``is_compiled``             whether a function or rule is compiled code
 ``adopt``                   at bind / ``def_*`` time: check the signature and
-                            register the function under a stable name (the op's
-                            name, ``name.jvp``, ...), so that a program exported
-                            in another process finds it by that name
+                            bind the function to a stable name (the op's name,
+                            ``name.jvp``, ...), so that a program exported in
+                            another process finds it by that name; a name means
+                            one function while an op bound there lives
+``link``                    the name and key a program calls a function by: a
+                            key of this process, or the stable name's (export)
 ``lower``                   the lowering of one role: the operands of the
                             convention below, zeros for absent tangents, one
-                            custom call, the outputs the primitive declares
-``load_shim``               the shim: built at install, else at first use into
-                            a cache directory, else a clear error
+                            custom call, the outputs the primitive declares; the
+                            shim is told the call, and runs no other
+``_validate``               the shim asks about a call by stable name that this
+                            process never lowered (a deserialised program): is it
+                            one the op's shape rule gives (``_signatures``)?
 ==========================  ====================================================
+
+The shim itself (built at install, else at first use into a verified cache,
+and registered with XLA at import where it is at hand) is ``_shimlib``.
 
 The operands of each role, as flat leaves (``x`` positional, ``k`` keyword
 operands, ``r`` residuals; tangents and cotangents only for floating leaves,
@@ -45,17 +53,13 @@ ops are called once per row by the shim, inside one FFI call;
 from __future__ import annotations
 
 import ctypes
-import functools
+import dataclasses
 import hashlib
-import importlib.machinery
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
+import weakref
 
 import jax.ffi
+import jax.numpy as jnp
 import numpy as np
 
 from ..core import _jax
@@ -63,10 +67,10 @@ from ..core._batching import host_mode
 from ..core._code import cffi_ctype, cffi_ffi, compiled_kind, is_compiled
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
+from . import _shimlib, _signatures
 from ._host import cpu_only
 
-TARGET = "anybind_compiled"
-SHIM_VERSION = 1  # must equal anybind_shim_version() in _shim.c
+TARGET = _shimlib.TARGET
 
 C_SIGNATURE = (
     "int32_t (*)(void *const *ins, void *const *outs, const int64_t *const *shapes, "
@@ -197,11 +201,34 @@ def _address(fn, kind: str) -> int:
 
 
 # ----------------------------------------------------------------- registration
+#
+# A stable name ("f", "f.jvp", ...) is bound to one function at a time: binding
+# another under it while an op bound there lives is an error, since programs for
+# jax.export link to functions by name alone. Programs of this process link by a
+# key per (name, function) instead ("f#0" for the first function bound as "f",
+# "f#1" for another once the first's ops are gone, ...), so a name freed by its
+# ops and bound again never changes what a compiled program of this process
+# calls, and the same program lowered in another process is the same (JAX's
+# persistent compilation cache finds it). Such a key takes only the calls
+# lowered in this process. The shim's table grows as it fills; its bindings, and
+# the functions they call, live as long as the process (a program may run any).
 
 _lock = threading.Lock()
-_by_name: dict[str, int] = {}  # stable name -> address
-_names: dict[tuple[str, int], str] = {}  # (base name, address) -> stable name
-_keep: list = []  # every registered function stays alive: executables hold its address
+
+
+@dataclasses.dataclass(eq=False)
+class _Name:
+    """What a stable name is bound to."""
+    name: str
+    address: int
+    kind: str
+    ops: weakref.WeakSet  # the live ops bound under it, all with this function
+    locals: dict  # address -> the key of (name, that function): key_of("name#i")
+
+
+_names: dict[str, _Name] = {}
+_by_key: dict[int, _Name] = {}  # key_of(name) -> what the name is bound to
+_keep: list = []  # every registered function stays alive: the shim holds its address
 
 _RULE_NAMES = {"function": "function", "jvp": "jvp rule", "vjp": "vjp rule",
                "transpose": "transpose rule", "fwd": "fwd rule", "bwd": "bwd rule",
@@ -225,9 +252,9 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
 
     The stable name is the op's name for its function and ``name.<rule>`` for
     a rule, so that a program exported in one process calls the same
-    functions in another that binds the same ops. A second, different
-    function under a taken name (a module run twice in one process) gets
-    ``name#2``, ``name#3``, ... in binding order.
+    functions in another that binds the same ops. Binding a different
+    function under a name that a live op holds is an error; the same function
+    again (a module imported twice) is not.
     """
     what = compiled_kind(fn)
     if what is None:
@@ -243,25 +270,48 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
             f"anybind op '{op.name}': the {role} is a {what} function, but not of anybind's "
             f"C calling convention {C_SIGNATURE}: {got}. See ab.numba_signature(), "
             f"ab.ctypes_signature() and ab.C_SIGNATURE")
-    lib = load_shim()
-    register_target()  # now, so that a deserialised program finds it without lowering
+    lib = _shimlib.register_target()  # now, so that a deserialised program finds it
+    _validating(lib)
     address = _address(fn, what)
-    base = _base(op.name, kind)
+    name = _base(op.name, kind)
+    text = f"anybind op '{op.name}': the compiled {role}"
     with _lock:
-        name = _names.get((base, address))
-        if name is None:
-            name, i = base, 1
-            while name in _by_name:
-                i += 1
-                name = f"{base}#{i}"
-            text = f"anybind op '{op.name}': the compiled {role}".encode()
-            status = lib.anybind_register(key_of(name), address, text)
-            if status != 0:
-                raise RuntimeError(f"anybind op '{op.name}': cannot register its compiled "
-                                   f"{role} under '{name}' (status {status}: "
-                                   f"{'key taken' if status == 1 else 'table full'})")
-            _by_name[name], _names[(base, address)] = address, name
-            _keep.append(fn)
+        entry = _names.get(name)
+        if entry is not None and entry.address != address:
+            holders = [o for o in entry.ops if o is not op]
+            if holders:
+                raise ValueError(
+                    f"anybind op '{op.name}': its compiled {role} would link as '{name}', "
+                    f"which another live op ({holders[0]!r}) binds to a different function. "
+                    f"A program for jax.export calls its functions by name, so a name means "
+                    f"one function: give this op another name= (or drop the other op first)")
+        if entry is None or entry.address != address:
+            _bind(lib, key_of(name), address, name, text, validate=True)
+            locals_ = {} if entry is None else entry.locals
+            entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_)
+            _by_key[key_of(name)] = entry
+        if address not in entry.locals:  # "#" is in no name: no stable key is one of these
+            entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
+            _bind(lib, local, address, name, text, validate=False)
+        entry.ops.add(op)
+        _keep.append(fn)
+
+
+def _bind(lib, key: int, address: int, name: str, text: str, validate: bool) -> None:
+    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate))
+    if status != 0:
+        raise MemoryError(f"{text}: the FFI shim could not bind it (status {status})")
+
+
+def _allow(key: int, rows: int, ins, outs) -> None:
+    """Let the binding of ``key`` take this call (as it is lowered, or once checked)."""
+    w = _signatures.words(rows, ins, outs, _DTYPE_CODES)
+    if w is None:  # symbolic dims (an export): checked when the program runs
+        return
+    arr = (ctypes.c_int64 * max(len(w), 1))(*w)
+    status = _shimlib.load().anybind_allow(key, rows, len(ins), len(outs), arr, len(w))
+    if status != 0:
+        raise RuntimeError(f"anybind: the FFI shim could not record a call (status {status})")
 
 
 def _describe(classes) -> str:
@@ -272,8 +322,74 @@ def _describe(classes) -> str:
             f"({', '.join(word[c] for c in _PARAMS)}) returning int32")
 
 
-def stable_name(op, kind: str, fn) -> str:
-    return _names[(_base(op.name, kind), _address(fn, compiled_kind(fn)))]
+def link(op, kind: str, fn, for_export: bool) -> tuple[str, int]:
+    """``(stable name, key)`` that a program calls ``fn`` by, as ``op``'s ``kind``."""
+    name, address = _base(op.name, kind), _address(fn, compiled_kind(fn))
+    entry = _names.get(name)
+    if entry is None or address not in entry.locals:
+        raise RuntimeError(f"anybind op '{op.name}': its compiled {_RULE_NAMES[kind]} is not "
+                           f"bound under '{name}'")
+    if not for_export:
+        return name, entry.locals[address]
+    if entry.address != address:
+        raise ValueError(f"anybind op '{op.name}': '{name}' is now bound to another "
+                         f"function, so a program for jax.export cannot link this op's by it")
+    return name, key_of(name)
+
+
+# ---------------------------------------------------------------- the validator
+
+_VALIDATOR = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+    ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_int32),
+    ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.POINTER(ctypes.c_int64)),
+    ctypes.c_void_p, ctypes.c_int64)
+_validator: list = []  # the ctypes callback, kept alive for the shim
+_CODE_DTYPES = {code: np.dtype(jnp.bfloat16 if name == "bfloat16" else name)
+                for name, code in _DTYPE_CODES.items()}
+
+
+def _validating(lib) -> None:
+    if not _validator:
+        with _lock:
+            if not _validator:
+                _validator.append(_VALIDATOR(_validate))
+                lib.anybind_set_validator(ctypes.cast(_validator[0], ctypes.c_void_p))
+
+
+def _validate(key, tree, tree_len, rows, n_in, n_out, dtypes, ranks, shapes, err, err_size):
+    """The shim asks: is this call, never seen, one the op bound by stable name makes?"""
+    try:
+        why = _check(key, ctypes.string_at(tree, tree_len).decode("utf-8", "replace")
+                     if tree_len > 0 else "", rows, n_in, n_out, dtypes, ranks, shapes)
+    except BaseException as e:  # noqa: BLE001  (an error here must refuse the call)
+        why = f"checking it failed ({type(e).__name__})"
+    if why is None:
+        return 0
+    text = why.encode("utf-8", "backslashreplace")[:max(err_size - 1, 0)]
+    ctypes.memmove(err, text + b"\0", len(text) + 1)
+    return 1
+
+
+def _check(key, tree, rows, n_in, n_out, dtypes, ranks, shapes) -> str | None:
+    entry = _by_key.get(key)
+    if entry is None:
+        return "no op is bound under its name"
+    avals = []
+    for i in range(n_in + n_out):
+        dtype = _CODE_DTYPES.get(dtypes[i])
+        if dtype is None:
+            return f"operand {i} has a dtype compiled code does not take"
+        avals.append(ShapedArray(tuple(shapes[i][d] for d in range(ranks[i])), dtype))
+    ins, outs = avals[:n_in], avals[n_in:]
+    why = "its op is gone"
+    for op in list(entry.ops):
+        why = _signatures.check(op, entry.kind, tree, rows, ins, outs)
+        if why is None:
+            with _lock:
+                _allow(key, rows, ins, outs)
+            return None
+    return why
 
 
 # ------------------------------------------------------------------------ lowering
@@ -300,7 +416,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
             f"anybind op '{op.name}': a compiled {_RULE_NAMES[kind]} takes arrays only, but "
             f"the call has static keyword(s) {', '.join(k for k, _ in call.static)}; pass "
             f"them as array keyword operands")
-    register_target()
+    _shimlib.register_target()
     if batch is not None and batch.size == 0:  # an empty batch: nothing to call
         return [_jax.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
     n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
@@ -339,11 +455,21 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
                 for i in floats]
         select = [floats.index(i) for i, k in enumerate(need) if k]
     rows = batch.size if batch is not None and mode == "sequential" else 0
-    name = stable_name(op, kind, rule.fn)
-    sub = ctx.replace(avals_in=[a for _, a in ins], avals_out=outs)
+    for_export = ctx.module_context.lowering_parameters.for_export
+    name, key = link(op, kind, rule.fn, for_export)
+    in_avals = [a for _, a in ins]
+    with _lock:  # the shim runs the function only on calls its binding was given
+        _allow(key, rows, in_avals, outs)
+    attrs = dict(anybind_key=np.int64(key), anybind_name=name, anybind_rows=np.int64(rows))
+    if call.debug:  # outputs filled with a sentinel first, and checked after
+        attrs["anybind_debug"] = np.int64(1)
+    if for_export:  # how operands group into arguments: a process that never lowered
+        tree = _signatures.tree_text(call.args_tree, call.kw_tree)  # this call checks it
+        if tree is not None:
+            attrs["anybind_tree"] = tree
+    sub = ctx.replace(avals_in=in_avals, avals_out=outs)
     results = jax.ffi.ffi_lowering(TARGET, has_side_effect=has_side_effect)(
-        sub, *[v for v, _ in ins], anybind_key=np.int64(key_of(name)), anybind_name=name,
-        anybind_rows=np.int64(rows))
+        sub, *[v for v, _ in ins], **attrs)
     results = list(results)
     return results if select is None else [results[j] for j in select]
 
@@ -372,92 +498,3 @@ class Route:
                      rule=site.rule, batch=site.batch, lin=site.lin, need=site.need,
                      mode="vectorized" if site.by_vmap_rule else call.op.vmap,
                      has_side_effect=site.effect)
-
-
-# ----------------------------------------------------------------------- the shim
-
-_target_lock = threading.Lock()
-_target_registered = False
-
-
-def register_target() -> None:
-    """Register the shim's handler with XLA, once; its target is safe to export."""
-    global _target_registered
-    if _target_registered:
-        return
-    with _target_lock:
-        if _target_registered:
-            return
-        lib = load_shim()
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.anybind_handler),
-                                    platform="cpu")
-        # The target's meaning is fixed by its name and anybind's calling convention,
-        # and every process that binds the ops registers it: jax.export may keep it.
-        _jax.stable_custom_call_targets().add(TARGET)
-        _target_registered = True
-
-
-def _candidates():
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        yield here / f"_shim{suffix}"
-
-
-@functools.cache
-def load_shim() -> ctypes.CDLL:
-    """The shim library: the one built at install, or one built now into a cache dir.
-
-    Raises ``RuntimeError`` naming what is missing (a C compiler, jax's FFI
-    headers) when neither works; the Python route does not need the shim.
-    """
-    for path in _candidates():
-        if path.exists():
-            lib = _open(path)
-            if lib is not None:
-                return lib
-    return _open(_build_at_first_use(), strict=True)
-
-
-def _open(path: Path, strict: bool = False) -> ctypes.CDLL | None:
-    lib = ctypes.CDLL(str(path))
-    if lib.anybind_shim_version() != SHIM_VERSION:
-        if strict:
-            raise RuntimeError(f"anybind: the FFI shim at {path} is version "
-                               f"{lib.anybind_shim_version()}, expected {SHIM_VERSION}")
-        return None  # a stale build: build a fresh one
-    lib.anybind_register.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_char_p]
-    lib.anybind_register.restype = ctypes.c_int32
-    return lib
-
-
-def _build_at_first_use() -> Path:
-    source = Path(__file__).resolve().parent / "_shim.c"
-    include = Path(jax.ffi.include_dir())
-    header = include / "xla" / "ffi" / "api" / "c_api.h"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") \
-        or shutil.which("clang")
-    if cc is None:
-        raise RuntimeError(
-            "anybind: binding a compiled function needs anybind's FFI shim, which was not "
-            "built when anybind was installed, and no C compiler was found to build it now "
-            "(tried $CC, cc, gcc, clang). Install a C compiler and reinstall anybind (or just "
-            "retry: it builds at first use). Python host functions work without it.")
-    if not header.exists():
-        raise RuntimeError(f"anybind: the FFI shim needs XLA's C API header, which jaxlib "
-                           f"should ship at {header}; it is missing")
-    digest = hashlib.sha256(source.read_bytes() + header.read_bytes()
-                            + cc.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "anybind"
-    target = cache / f"shim-{digest}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
-    if target.exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
-        out = Path(tmp) / target.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(source), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"anybind: building the FFI shim failed ({' '.join(cmd)}):\n"
-                               f"{res.stderr.strip()}")
-        os.replace(out, target)  # atomic: concurrent first uses race harmlessly
-    return target

@@ -15,6 +15,9 @@ piece                 what it does
                       batch mode), checks and stores its results
 ``host_callback``     ``guarded(ins, outs)``: the runner, a failure turned into
                       the op's ``HostError`` (kept for eager callers, ``ab.debug``)
+``kept_views``        the error of a call whose host code kept views of XLA's
+                      buffers past its end (found by the routes, by reference counts)
+``release_frames``    what a failed call's traceback holds of XLA's buffers, let go
 ``not_exported``      Python code in a program for ``jax.export``: a clear error
 ``platform``          the one platform of a lowering
 ``Slot``, ``emit``    a registered runner, and the custom call that runs it
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -31,7 +35,8 @@ import jax.ffi
 
 from ..core import _debug, _jax
 from ..core._batching import declared_out_batched, host_mode
-from ..core._errors import HostError, remember_host_error, where
+from ..core._errors import (HostError, describe, message_of, remember_host_error,
+                            remember_recent_host_error, where)
 from ..core._lowering import Site
 from ..core._spec import Batch, Call, Rule
 from ..core.roles import make_run, out_avals, out_names
@@ -238,6 +243,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
 
     ``ins`` are read-only views of XLA's input buffers (copies in debug mode);
     ``device``: they are device arrays already (``_gpu``), used as they are.
+    ``guarded.what`` says what it runs ("anybind op 'f': the jvp rule").
     """
     op_name, op = call.op.name, call.op
     copy = call.debug and not device
@@ -248,15 +254,52 @@ def host_callback(call: Call, role_name: str, runner: Callable,
         except BaseException as e:  # KeyboardInterrupt too: re-raised itself by eager calls
             # Under jit only the message reaches the caller (XLA drops the cause, the
             # notes and the frames), so the message says where the user's code failed;
-            # the cause keeps the whole story.
-            if not isinstance(e, HostError):
+            # the cause keeps the whole story. Its text is made safe to carry: a
+            # __str__ that raises, or a lone surrogate, must not lose the op's name.
+            if not (isinstance(e, HostError) and message_of(e) is not None):
                 err = HostError(f"anybind op '{op_name}': the {role_name} raised "
-                                f"{type(e).__name__}: {e}{where(e)}")
+                                f"{describe(e)}{where(e)}")
                 err.__cause__ = e
                 e = err
             remember_host_error(op, e)
             raise e.with_traceback(None)
+    guarded.what = f"anybind op '{op_name}': the {role_name}"
     return guarded
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # anybind/
+
+
+def kept_views(what: str, inputs: Sequence[int], outputs: Sequence[int]) -> None:
+    """Raise the error of a call whose host code kept views of XLA's buffers past its end.
+
+    ``what``: "anybind op 'f': the function"; ``inputs``, ``outputs``: the
+    indices of the operands whose views (or views derived from them) were kept.
+    """
+    kept = [f"input {i}" for i in inputs] + [f"output {j}" for j in outputs]
+    err = HostError(
+        f"{what} kept a reference to {' and '.join(kept)} past the end of the call: a NumPy "
+        f"view of XLA's buffer, valid only while the call runs (XLA reuses the memory "
+        f"after it). Keep a copy instead (np.array(x))")
+    remember_recent_host_error(err)
+    raise err
+
+
+def release_frames(exc: BaseException, everything: bool) -> None:
+    """Clear the frames of a failed call's tracebacks, which hold views of XLA's buffers:
+    anybind's own, or ``everything`` (the user's too, where they still hold views)."""
+    seen: set = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            if everything or tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # still running
+                    pass
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
 
 
 def not_exported(ctx, call: Call, role_name: str) -> None:

@@ -3,19 +3,29 @@
  * Python host code lowers to a custom call to the target "anybind_python" with
  * one attribute:
  *
- *   anybind_callback  int64  the key of the callable in the registry: a dict of
- *                            weak references, set from Python (_hostffi.py)
+ *   anybind_callback  int64  the key of the callable in the registry: a dict set
+ *                            from Python (_pyffi.py) of key -> (weak reference to
+ *                            the callable, its signature, what it is: "anybind op
+ *                            'f': the jvp rule"); keys are random 63-bit numbers
  *
- * On the execute stage the handler takes the GIL, makes NumPy arrays over XLA's
+ * On the execute stage the handler takes the GIL, checks the call's operands
+ * against the signature registered with the callable (count, dtypes, shapes:
+ * the key may come from a crafted program), makes NumPy arrays over XLA's
  * buffers without copying (inputs read-only, outputs writable), calls
  *
  *   callable(ins: list[ndarray], outs: list[ndarray])
  *
- * and turns a Python exception into an XLA error whose message is
- * "<module>.<type>: <text>" of the exception. The callable's result is ignored.
+ * and turns a Python exception into an XLA error whose message is that of the
+ * HostError, or "<what> raised <module>.<type>: <text>" of another exception.
+ * The callable's result is ignored.
+ *
+ * Every view's base is a lease (below). XLA reuses the buffers once the call
+ * returns, so a view, or a view derived from one, that host code keeps past
+ * the call is caught there: a kept view gets a private copy of its data, and
+ * the call fails with a HostError naming the op and the operand (_pyffi._kept).
  *
  * The registry and the table of NumPy dtypes by XLA dtype code are set from
- * Python (_hostffi.py). The registry holds callables weakly: the compiled
+ * Python (_pyffi.py). The registry holds callables weakly: the compiled
  * program holds them, as it holds XLA's own callbacks. Every access to them
  * happens with the GIL held, so the handler is safe to call from many threads at
  * once (XLA runs per-device calls concurrently).
@@ -66,64 +76,316 @@ static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   return NULL;
 }
 
-/* A NumPy array over one of XLA's buffers (a new reference), or NULL with an
-   exception set. */
-static PyObject *view(const XLA_FFI_Buffer *b, int writable) {
+/* ---------------------------------------------------------------- leases
+ *
+ * Each view's base object is a lease: an empty NumPy array that owns its
+ * (empty) data, so that every view NumPy derives from a view collapses its
+ * base to the same lease. The views and their derived views thus hold a
+ * reference to the view itself or to its lease. After the call the handler
+ * owns one reference to each view and to each lease; any other means host code
+ * kept a view of memory that XLA reuses once the call returns. Leases nobody
+ * kept are reused (a free list, under the GIL).
+ */
+
+#define N_FREE 256
+static PyObject *free_leases[N_FREE];
+static int n_free = 0;
+
+static PyObject *take_lease(void) {
+  if (n_free > 0) return free_leases[--n_free];
+  npy_intp zero = 0;
+  return PyArray_SimpleNew(1, &zero, NPY_UINT8);
+}
+
+static void give_back(PyObject *lease) {
+  if (Py_REFCNT(lease) == 1 && n_free < N_FREE)
+    free_leases[n_free++] = lease;
+  else
+    Py_DECREF(lease); /* kept by a derived view: it goes when they do */
+}
+
+/* A NumPy array over one of XLA's buffers whose base is `lease` (a new
+   reference), or NULL with an exception set. */
+static PyObject *view(const XLA_FFI_Buffer *b, int writable, PyObject *lease) {
   int code = (int)b->dtype;
   PyArray_Descr *d = code >= 0 && code < N_DTYPES ? dtypes[code] : NULL;
   if (d == NULL)
     return PyErr_Format(PyExc_TypeError, "anybind: no NumPy dtype for XLA dtype code %d",
                         code);
   Py_INCREF(d); /* PyArray_NewFromDescr steals it */
-  return PyArray_NewFromDescr(&PyArray_Type, d, (int)b->rank, (npy_intp *)b->dims, NULL,
-                              b->data, writable ? NPY_ARRAY_CARRAY : NPY_ARRAY_CARRAY_RO,
-                              NULL);
+  PyObject *a = PyArray_NewFromDescr(&PyArray_Type, d, (int)b->rank, (npy_intp *)b->dims,
+                                     NULL, b->data,
+                                     writable ? NPY_ARRAY_CARRAY : NPY_ARRAY_CARRAY_RO, NULL);
+  if (a == NULL) return NULL;
+  /* What PyArray_SetBaseObject does for a new view of foreign memory and a base
+     that owns its data, without its checks: this runs for every operand. */
+  Py_INCREF(lease);
+  ((PyArrayObject_fields *)a)->base = lease;
+  return a;
 }
 
-static PyObject *views(XLA_FFI_Buffer *const *buffers, int64_t n, int writable) {
+/* A list of views of `n` buffers; the handler's own references to the views
+   and their leases go to `vs` and `ls` (NULL where not made). */
+static PyObject *views(XLA_FFI_Buffer *const *buffers, int64_t n, int writable,
+                       PyObject **vs, PyObject **ls) {
   PyObject *list = PyList_New((Py_ssize_t)n);
   if (list == NULL) return NULL;
   for (int64_t i = 0; i < n; ++i) {
-    PyObject *a = view(buffers[i], writable);
+    ls[i] = take_lease();
+    PyObject *a = ls[i] == NULL ? NULL : view(buffers[i], writable, ls[i]);
     if (a == NULL) {
       Py_DECREF(list);
       return NULL;
     }
+    Py_INCREF(a);
+    vs[i] = a;
     PyList_SET_ITEM(list, (Py_ssize_t)i, a);
   }
   return list;
 }
 
-/* The pending exception as "<module>.<type>: <text>", cleared; into msg. */
-static void describe_exception(char *msg, size_t size) {
+/* Points a kept view at a private copy of its data, so that reading it after
+   the call reads what the buffer held, not memory that XLA has reused. */
+static int rebase(PyObject *v) {
+  PyObject *copy = PyArray_NewCopy((PyArrayObject *)v, NPY_CORDER);
+  if (copy == NULL) return -1;
+  PyArrayObject_fields *f = (PyArrayObject_fields *)v;
+  PyObject *old = f->base;
+  f->data = PyArray_DATA((PyArrayObject *)copy);
+  f->base = copy;
+  Py_XDECREF(old);
+  return 0;
+}
+
+/* ---------------------------------------------------------- messages */
+
+/* `text` as UTF-8 into msg: valid sequences copied, any other byte as \xNN. */
+static void utf8_into(char *msg, size_t size, const char *text, size_t len) {
+  size_t o = 0;
+  const unsigned char *s = (const unsigned char *)text;
+  for (size_t i = 0; i < len && o + 5 < size;) {
+    unsigned char c = s[i];
+    size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+             : (c & 0xF8) == 0xF0 ? 4 : 0;
+    int ok = k > 0 && i + k <= len && !(k == 2 && c < 0xC2);
+    for (size_t j = 1; ok && j < k; ++j) ok = (s[i + j] & 0xC0) == 0x80;
+    if (ok && k == 3) {
+      unsigned cp = ((c & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6);
+      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok && k == 4) {
+      unsigned cp = ((c & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12);
+      ok = cp >= 0x10000 && cp <= 0x10FFFF;
+    }
+    if (ok && c != 0) {
+      if (o + k >= size) break;
+      memcpy(msg + o, s + i, k);
+      o += k;
+      i += k;
+    } else {
+      o += (size_t)snprintf(msg + o, size - o, "\\x%02x", c);
+      i += 1;
+    }
+  }
+  msg[o < size ? o : size - 1] = '\0';
+}
+
+/* str(obj) as UTF-8 (lone surrogates escaped) into msg; `fallback` if str fails.
+   A pending exception stays pending. */
+static void str_into(char *msg, size_t size, PyObject *obj, const char *fallback) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject *str = obj != NULL ? PyObject_Str(obj) : NULL;
+  PyObject *bytes = str != NULL ? PyUnicode_AsEncodedString(str, "utf-8", "backslashreplace")
+                                : NULL;
+  if (bytes != NULL)
+    utf8_into(msg, size, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
+  else
+    snprintf(msg, size, "%s", fallback);
+  Py_XDECREF(bytes);
+  Py_XDECREF(str);
+  PyErr_Clear();
+  PyErr_Restore(type, value, tb);
+}
+
+/* The pending exception, cleared, into msg: a HostError (which names its op
+   itself) as "anybind.HostError: <text>", any other as "<what> raised
+   <module>.<type>: <text>". */
+static void describe_exception(char *msg, size_t size, const char *what) {
   PyObject *type, *value, *tb;
   PyErr_Fetch(&type, &value, &tb);
   PyErr_NormalizeException(&type, &value, &tb);
-  const char *module = NULL, *name = "exception", *text = "";
-  PyObject *mod = NULL, *qual = NULL, *str = NULL;
-  if (type != NULL) {
-    mod = PyObject_GetAttrString(type, "__module__");
-    qual = PyObject_GetAttrString(type, "__qualname__");
-    if (mod != NULL && PyUnicode_Check(mod)) module = PyUnicode_AsUTF8(mod);
-    if (qual != NULL && PyUnicode_Check(qual)) name = PyUnicode_AsUTF8(qual);
+  char name[256] = "exception", text[MSG_SIZE];
+  if (type != NULL && PyType_Check(type)) {
+    PyObject *mod = PyObject_GetAttrString(type, "__module__");
+    const char *m = mod != NULL && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+    const char *q = ((PyTypeObject *)type)->tp_name;
+    const char *dot = strrchr(q, '.');
+    if (m != NULL && strcmp(m, "builtins") != 0)
+      snprintf(name, sizeof name, "%s.%s", m, dot ? dot + 1 : q);
+    else
+      snprintf(name, sizeof name, "%s", dot ? dot + 1 : q);
+    PyErr_Clear();
+    Py_XDECREF(mod);
   }
-  if (value != NULL) str = PyObject_Str(value);
-  if (str != NULL) text = PyUnicode_AsUTF8(str);
-  if (text == NULL) text = "(its message cannot be shown)";
-  if (module != NULL && strcmp(module, "builtins") != 0)
-    snprintf(msg, size, "%s.%s: %s", module, name ? name : "?", text);
+  str_into(text, sizeof text, value, "(its str() failed)");
+  if (strcmp(name, "anybind.HostError") == 0)
+    snprintf(msg, size, "%s: %.3500s", name, text);
   else
-    snprintf(msg, size, "%s: %s", name ? name : "?", text);
+    snprintf(msg, size, "%.400s raised %.200s: %.3400s", what, name, text);
   PyErr_Clear();
-  Py_XDECREF(mod);
-  Py_XDECREF(qual);
-  Py_XDECREF(str);
   Py_XDECREF(type);
   Py_XDECREF(value);
   Py_XDECREF(tb);
 }
 
+/* ------------------------------------------------------- signatures
+ *
+ * A callable's signature, registered with it (_pyffi.register), is a bytes
+ * object of int64: n_in, n_out, then per operand its XLA dtype code, its rank
+ * and its dims (-1: any extent). A call whose operands differ is refused
+ * before host code sees them: the key may come from a crafted program.
+ */
+
+static const char *code_name(int64_t code) {
+  static const char *names[] = {
+      [1] = "bool", [2] = "int8", [3] = "int16", [4] = "int32", [5] = "int64",
+      [6] = "uint8", [7] = "uint16", [8] = "uint32", [9] = "uint64", [10] = "float16",
+      [11] = "float32", [12] = "float64", [15] = "complex64", [16] = "bfloat16",
+      [18] = "complex128"};
+  const char *n = code >= 0 && code < (int64_t)(sizeof names / sizeof *names) ? names[code]
+                                                                               : NULL;
+  return n ? n : "another dtype";
+}
+
+static int shape_into(char *out, size_t size, int64_t code, int64_t rank, const int64_t *dims) {
+  int o = snprintf(out, size, "%s[", code_name(code));
+  for (int64_t d = 0; d < rank && o > 0 && (size_t)o < size; ++d) {
+    if (dims[d] < 0)
+      o += snprintf(out + o, size - o, d ? ", *" : "*");
+    else
+      o += snprintf(out + o, size - o, d ? ", %lld" : "%lld", (long long)dims[d]);
+  }
+  if (o > 0 && (size_t)o < size) snprintf(out + o, size - o, "]");
+  return 0;
+}
+
+/* 0 when the frame's operands are those of the signature; else -1, with msg. */
+static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, PyObject *what_obj,
+                           char *msg, size_t size) {
+  char what[512];
+  const int64_t *s = (const int64_t *)PyBytes_AS_STRING(sig);
+  int64_t len = (int64_t)(PyBytes_GET_SIZE(sig) / (Py_ssize_t)sizeof(int64_t));
+  int64_t n_in = frame->args.size, n_out = frame->rets.size;
+  if (len < 2 || s[0] != n_in || s[1] != n_out) {
+    str_into(what, sizeof what, what_obj, "anybind host code");
+    snprintf(msg, size, "%s was called with %lld inputs and %lld outputs, but its program "
+             "declared %lld and %lld; host code runs only on the operands its program "
+             "declared", what, (long long)n_in, (long long)n_out,
+             (long long)(len < 2 ? -1 : s[0]), (long long)(len < 2 ? -1 : s[1]));
+    return -1;
+  }
+  int64_t p = 2;
+  for (int64_t i = 0; i < n_in + n_out; ++i) {
+    int input = i < n_in;
+    int64_t j = input ? i : i - n_in;
+    int is_buffer = input ? frame->args.types[j] == XLA_FFI_ArgType_BUFFER
+                          : frame->rets.types[j] == XLA_FFI_RetType_BUFFER;
+    const XLA_FFI_Buffer *b = is_buffer ? (input ? (const XLA_FFI_Buffer *)frame->args.args[j]
+                                                 : (const XLA_FFI_Buffer *)frame->rets.rets[j])
+                                        : NULL;
+    if (p + 2 > len || p + 2 + s[p + 1] > len || s[p + 1] < 0) {
+      str_into(what, sizeof what, what_obj, "anybind host code");
+      snprintf(msg, size, "%s: its registered signature is malformed", what);
+      return -1;
+    }
+    int64_t code = s[p], rank = s[p + 1];
+    const int64_t *dims = s + p + 2;
+    p += 2 + rank;
+    int ok = b != NULL && (int64_t)b->dtype == code && b->rank == rank;
+    for (int64_t d = 0; ok && d < rank; ++d) ok = dims[d] < 0 || dims[d] == b->dims[d];
+    if (!ok) {
+      char got[256] = "not an array", want[256];
+      if (b != NULL) shape_into(got, sizeof got, (int64_t)b->dtype, b->rank, b->dims);
+      shape_into(want, sizeof want, code, rank, dims);
+      str_into(what, sizeof what, what_obj, "anybind host code");
+      snprintf(msg, size, "%s was called with %s %lld of %s, but its program declared %s; "
+               "host code runs only on the operands its program declared", what,
+               input ? "input" : "output", (long long)j, got, want);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* -------------------------------------------------------- after the call */
+
+static PyObject *on_kept = NULL;    /* _pyffi._kept(what, inputs, outputs): raises */
+static PyObject *on_failure = NULL; /* _pyffi._release(exc, everything): clears frames */
+
+static void release_frames(PyObject *exc, int everything) {
+  if (on_failure == NULL || exc == NULL) return;
+  PyObject *r = PyObject_CallFunction(on_failure, "Oi", exc, everything);
+  Py_XDECREF(r);
+  PyErr_Clear();
+}
+
+/* Whether view i (or one derived from it) is still held by anyone but the handler. */
+static int derived_held(PyObject **vs, PyObject **ls, int64_t i) {
+  PyArrayObject_fields *f = (PyArrayObject_fields *)vs[i];
+  return Py_REFCNT(ls[i]) > 1 + (f->base == ls[i]);
+}
+
+/* Host code left references to views of XLA's buffers. Views kept themselves
+   get a private copy of their data (they stay valid). If the call failed, its
+   exception's frames, which hold views, are released first (anybind's own
+   frames; the user's too where they hold views derived from the buffers), and
+   the exception stands. Otherwise any kept view is an error naming it. */
+static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObject *what,
+                   int failed) {
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
+  if (failed) {
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
+    release_frames(value, 0);
+  }
+  int any = 0, derived = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (Py_REFCNT(vs[i]) > 1) {
+      any = 1;
+      if (rebase(vs[i]) < 0) PyErr_Clear();
+    }
+    derived |= derived_held(vs, ls, i);
+  }
+  if (failed) {
+    if (derived) release_frames(value, 1);
+    PyErr_Restore(type, value, tb);
+    return;
+  }
+  if (!any && !derived) return;
+  PyObject *ins = PyList_New(0), *outs = PyList_New(0);
+  for (int64_t i = 0; ins != NULL && outs != NULL && i < n; ++i) {
+    int kept = Py_REFCNT(vs[i]) > 1 || derived_held(vs, ls, i);
+    PyObject *index = kept ? PyLong_FromLongLong(i < n_in ? i : i - n_in) : NULL;
+    if (index != NULL) {
+      PyList_Append(i < n_in ? ins : outs, index);
+      Py_DECREF(index);
+    }
+  }
+  if (ins != NULL && outs != NULL && on_kept != NULL) {
+    PyObject *r = PyObject_CallFunctionObjArgs(on_kept, what, ins, outs, NULL);
+    Py_XDECREF(r);
+  }
+  if (!PyErr_Occurred())
+    PyErr_SetString(PyExc_RuntimeError, "anybind: host code kept a view of XLA's buffers");
+  Py_XDECREF(ins);
+  Py_XDECREF(outs);
+}
+
 /* -------------------------------------------------------------- handler */
+
+#define STACK_OPERANDS 16
 
 static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
   if (frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE)
@@ -147,11 +409,20 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
   }
 
   XLA_FFI_Error *error = NULL;
-  char msg[MSG_SIZE];
+  char msg[MSG_SIZE], what_text[512];
+#define WHAT (str_into(what_text, sizeof what_text, what, "anybind host code"), what_text)
+  int64_t n_in = frame->args.size, n = n_in + frame->rets.size;
+  PyObject *stack[2 * STACK_OPERANDS], **vs = stack, **ls = stack + STACK_OPERANDS;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject *k = PyLong_FromLongLong(key), *ins = NULL, *outs = NULL, *res = NULL, *fn = NULL;
-  PyObject *ref = k != NULL && registry != NULL ? PyDict_GetItemWithError(registry, k) : NULL;
-  if (ref != NULL && PyWeakref_Check(ref)) {
+  PyObject *entry = k != NULL && registry != NULL ? PyDict_GetItemWithError(registry, k) : NULL;
+  PyObject *what = NULL, *heap = NULL;
+  if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) entry = NULL;
+  if (entry != NULL && PyWeakref_Check(PyTuple_GET_ITEM(entry, 0)) &&
+      PyBytes_Check(PyTuple_GET_ITEM(entry, 1))) {
+    PyObject *ref = PyTuple_GET_ITEM(entry, 0);
+    Py_INCREF(entry); /* the registry may drop it while host code runs */
+    what = PyTuple_GET_ITEM(entry, 2);
 #if PY_VERSION_HEX >= 0x030D0000
     if (PyWeakref_GetRef(ref, &fn) < 0) fn = NULL;
 #else
@@ -159,10 +430,12 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     fn = fn == Py_None ? NULL : fn;
     Py_XINCREF(fn);
 #endif
+  } else {
+    entry = NULL;
   }
   if (fn == NULL) {
     if (PyErr_Occurred()) {
-      describe_exception(msg, sizeof msg);
+      describe_exception(msg, sizeof msg, WHAT);
     } else {
       snprintf(msg, sizeof msg, "anybind: no Python host callback %lld in this process (a "
                "program that calls Python host code runs only in the process that "
@@ -171,21 +444,52 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     error = fail(api, XLA_FFI_Error_Code_NOT_FOUND, msg);
     goto done;
   }
-  ins = views((XLA_FFI_Buffer *const *)frame->args.args, frame->args.size, 0);
-  if (ins != NULL) outs = views((XLA_FFI_Buffer *const *)frame->rets.rets, frame->rets.size, 1);
+  if (check_signature(frame, PyTuple_GET_ITEM(entry, 1), what, msg, sizeof msg) < 0) {
+    error = fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+    goto done;
+  }
+  if (n > STACK_OPERANDS) {
+    heap = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(2 * n * sizeof(PyObject *)));
+    if (heap == NULL) {
+      describe_exception(msg, sizeof msg, WHAT);
+      error = fail(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, msg);
+      goto done;
+    }
+    vs = (PyObject **)PyBytes_AS_STRING(heap);
+    ls = vs + n;
+  }
+  memset(vs, 0, (size_t)n * sizeof(PyObject *));
+  memset(ls, 0, (size_t)n * sizeof(PyObject *));
+  ins = views((XLA_FFI_Buffer *const *)frame->args.args, n_in, 0, vs, ls);
+  if (ins != NULL)
+    outs = views((XLA_FFI_Buffer *const *)frame->rets.rets, n - n_in, 1, vs + n_in, ls + n_in);
   if (outs != NULL) {
     PyObject *argv[2] = {ins, outs};
     res = PyObject_Vectorcall(fn, argv, 2, NULL);
+    Py_CLEAR(ins);
+    Py_CLEAR(outs);
+    int held = 0; /* anyone but the handler holding a view or its lease */
+    for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
+    if (held) {
+      settle(vs, ls, n_in, n, what, res == NULL);
+      if (res != NULL && PyErr_Occurred()) Py_CLEAR(res);
+    }
   }
   if (res == NULL) {
-    describe_exception(msg, sizeof msg);
+    describe_exception(msg, sizeof msg, WHAT);
     error = fail(api, XLA_FFI_Error_Code_INTERNAL, msg);
+  }
+  for (int64_t i = n - 1; i >= 0 && fn != NULL; --i) { /* the next call takes them in order */
+    Py_XDECREF(vs[i]);
+    if (ls[i] != NULL) give_back(ls[i]);
   }
 done:
   Py_XDECREF(res);
   Py_XDECREF(outs);
   Py_XDECREF(ins);
+  Py_XDECREF(heap);
   Py_XDECREF(fn);
+  Py_XDECREF(entry);
   Py_XDECREF(k);
   PyGILState_Release(gil);
   return error;
@@ -201,6 +505,16 @@ static PyObject *py_set_registry(PyObject *self, PyObject *dict) {
   if (!PyDict_Check(dict)) return PyErr_Format(PyExc_TypeError, "expected a dict");
   Py_INCREF(dict);
   Py_XSETREF(registry, dict);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_set_hooks(PyObject *self, PyObject *args) {
+  PyObject *kept, *failure;
+  if (!PyArg_ParseTuple(args, "OO", &kept, &failure)) return NULL;
+  Py_INCREF(kept);
+  Py_INCREF(failure);
+  Py_XSETREF(on_kept, kept);
+  Py_XSETREF(on_failure, failure);
   Py_RETURN_NONE;
 }
 
@@ -222,6 +536,8 @@ static PyObject *py_api_version(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"handler", py_handler, METH_NOARGS, "The FFI handler, as a capsule for XLA."},
     {"set_registry", py_set_registry, METH_O, "The dict of callables by key."},
+    {"set_hooks", py_set_hooks, METH_VARARGS,
+     "set_hooks(kept, release): called when host code kept views of XLA's buffers."},
     {"set_dtype", py_set_dtype, METH_VARARGS, "set_dtype(xla_code, dtype)"},
     {"api_version", py_api_version, METH_NOARGS, "The FFI API version built against."},
     {NULL, NULL, 0, NULL}};

@@ -19,17 +19,21 @@ piece              what it does
 ``register``       hands the program being lowered the callable (as one of its
                    host callbacks, which XLA's route would call and this one never
                    does) and a weak reference to it to the registry, under a fresh
-                   key: the program holds its callbacks exactly as XLA's own route
-                   does, so ops are collected as before (``_lifetime``)
+                   random key, with the operands it takes: the program holds its
+                   callbacks exactly as XLA's own route does, so ops are collected
+                   as before (``_lifetime``)
 =================  ==============================================================
 
 The key is passed as the attribute ``anybind_callback``; it is meaningful in
 this process only, which is why ``jax.export`` refuses host code before
-lowering reaches here (``_host.not_exported``).
+lowering reaches here (``_host.not_exported``). It is a random 63-bit number,
+and the handler checks each call's operands against those registered with the
+callable before host code runs, so that a crafted program can neither guess a
+key nor hand host code operands it was not written for.
 """
 from __future__ import annotations
 
-import itertools
+import secrets
 import threading
 import weakref
 from typing import Callable, Sequence
@@ -38,15 +42,16 @@ import numpy as np
 
 from ..core import _lifetime
 from ..core._lowering import Site
-from ._host import Slot, emit, host_callback, not_exported, runner_for, single_platform
+from ._host import (Slot, emit, host_callback, kept_views, not_exported, release_frames,
+                    runner_for, single_platform)
 
 TARGET = "anybind_python"
 ATTRIBUTE = "anybind_callback"
 enabled = True  # False: every host call takes XLA's buffer callback (benchmarks compare both)
 
-_registry: dict[int, weakref.ref] = {}  # key -> callable, read by the handler under the GIL
+# key -> (weakref to the callable, its signature, what it is), read by the handler under the GIL
+_registry: dict[int, tuple] = {}
 _viewable: set[str] = set()  # the dtypes of _CODES that this NumPy and ml_dtypes have
-_keys = itertools.count(1)
 _lock = threading.Lock()
 
 # XLA_FFI_DataType codes (xla/ffi/api/c_api.h) of the dtypes NumPy views directly
@@ -91,6 +96,7 @@ def _load():
     import jax.ffi
     import ml_dtypes
     _pycall.set_registry(_registry)
+    _pycall.set_hooks(kept_views, release_frames)
     for name, code in _CODES.items():
         dtype = getattr(ml_dtypes, name, None) if name.startswith(("bfloat", "float8")) \
             else np.dtype(name)
@@ -108,18 +114,42 @@ def usable(avals: Sequence) -> bool:
             and all(np.dtype(a.dtype).name in _viewable for a in avals))
 
 
-def register(module_context, callback: Callable) -> int:
-    """Register ``callback(ins, outs)`` for the program being lowered; its key."""
-    with _lock:
-        key = next(_keys)
+def signature(avals_in: Sequence, avals_out: Sequence, shapes: bool = True) -> bytes:
+    """The operands a callable takes, as the handler checks them (see ``_pycall.c``).
+
+    ``shapes=False``: any extent along each axis (a callable run per shard).
+    """
+    words = [len(avals_in), len(avals_out)]
+    for a in (*avals_in, *avals_out):
+        words += [_CODES[np.dtype(a.dtype).name], len(a.shape)]
+        words += [int(d) for d in a.shape] if shapes else [-1] * len(a.shape)
+    return np.asarray(words, np.int64).tobytes()
+
+
+def register(module_context, callback: Callable, sig: bytes, what: str) -> int:
+    """Register ``callback(ins, outs)`` for the program being lowered; its key.
+
+    ``sig``: the operands it takes (``signature``); ``what``: what it is, for
+    messages ("anybind op 'f': the function").
+    """
     module_context.add_host_callback(_Held(callback))
-    _registry[key] = weakref.ref(callback, lambda _, key=key: _registry.pop(key, None))
+    with _lock:
+        key = 0
+        while key == 0 or key in _registry:
+            key = secrets.randbits(63)
+        _registry[key] = (weakref.ref(callback, lambda _, key=key: _registry.pop(key, None)),
+                          sig, what)
     return key
 
 
-def slot(ctx, guarded: Callable) -> Slot:
-    """Register ``guarded(ins, outs)`` with the program being lowered, as a custom call's slot."""
-    key = register(ctx.module_context, _lifetime.held(ctx, guarded))
+def slot(ctx, guarded: Callable, shapes: bool = True) -> Slot:
+    """Register ``guarded(ins, outs)`` with the program being lowered, as a custom call's slot.
+
+    ``shapes=False``: calls of any extents (per shard) reach it.
+    """
+    sig = signature(ctx.avals_in, ctx.avals_out, shapes)
+    key = register(ctx.module_context, _lifetime.held(ctx, guarded), sig,
+                   getattr(guarded, "what", "anybind host code"))
     return Slot(TARGET, ((ATTRIBUTE, np.int64(key)),))
 
 

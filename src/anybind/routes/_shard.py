@@ -30,6 +30,7 @@ from ..core import _jax
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
 from ..core._sharding import mesh_axes, plan_factors, splittable_factors, factors_of, role_factors
+from ..core._errors import HostError
 from ..core._spec import Batch, Call
 from ..core.roles import out_avals
 from . import _callback, _pyffi
@@ -80,7 +81,12 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
     runners: dict = {}
 
     def dispatch(ins, outs):
-        runners[tuple(x.shape for x in ins)](ins, outs)
+        shapes = tuple(x.shape for x in ins)
+        if shapes not in runners:
+            raise HostError(f"anybind op '{call.op.name}': the {role_name} was called on a "
+                            f"shard of shapes {list(shapes)}, which its program did not plan "
+                            f"(it planned {[list(k) for k in runners]})")
+        runners[shapes](ins, outs)
 
     host = None if runner_for is None else _register(
         ctx, call, role_name, host_callback(call, role_name, dispatch))
@@ -160,7 +166,7 @@ def _register(ctx, call: Call, role_name: str, guarded) -> Slot:
     not_exported(ctx, call, role_name)
     cpu_only(ctx, call, "host code per shard (shard=)")
     if _pyffi.usable([*ctx.avals_in, *ctx.avals_out]):
-        return _pyffi.slot(ctx, guarded)
+        return _pyffi.slot(ctx, guarded, shapes=False)  # each shard's extents its own
     return _callback.slot(ctx, guarded)
 
 

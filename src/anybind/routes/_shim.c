@@ -1,12 +1,17 @@
 /* anybind's FFI shim: one XLA typed-FFI handler that calls compiled functions.
  *
  * Every compiled anybind op lowers to a custom call to the target
- * "anybind_compiled" with three attributes:
+ * "anybind_compiled" with these attributes:
  *
- *   anybind_key   int64   which registered function to call (a hash of its stable name)
- *   anybind_name  string  that stable name (read only to report an unknown key)
- *   anybind_rows  int64   0: call once; R > 0: call once per row of a batch of R,
- *                         with operands whose leading axis is 1 broadcast over the batch
+ *   anybind_key    int64   which binding to call: a key of this process, or, in a
+ *                          program for jax.export, a hash of the op's stable name
+ *   anybind_name   string  that stable name ("f", "f.jvp", ...): must be the binding's
+ *   anybind_rows   int64   0: call once; R > 0: call once per row of a batch of R,
+ *                          with operands whose leading axis is 1 broadcast over the batch
+ *   anybind_debug  int64   (optional) 1: fill the outputs with a sentinel before the
+ *                          call and name the elements still holding it after
+ *   anybind_tree   string  (optional, export) the call's argument structure, for Python
+ *                          to check operands it has not seen against the op's shape rule
  *
  * and the handler calls the function with anybind's C calling convention
  * (documented in docs/guides/compiled.md and in _compiled.py):
@@ -15,11 +20,20 @@
  *              const int64_t *ranks, const int32_t *dtypes, int64_t n_in, int64_t n_out,
  *              char *err, int64_t err_size);
  *
- * Functions are registered from Python (anybind_register) when an op is bound,
- * in a fixed open-addressing table that is only ever appended to: entries are
- * written before their key is published with release semantics, and the
- * handler reads keys with acquire semantics, so lookups take no lock.
- * Registrations are serialised by the caller (a Python lock).
+ * A deserialised program is untrusted: every call is checked against the
+ * operands its binding allows (count, dtype and shape of every operand and
+ * output, and the batch rows) before the function runs. Python adds them
+ * (anybind_allow) as it lowers each call; for a binding by stable name it may
+ * also be asked about operands it has not seen (the validator, which checks
+ * them against the op's shape rule and allows them). Anything else is refused
+ * with an error naming the op.
+ *
+ * Bindings live in an open-addressing table that grows (doubling) as it fills.
+ * Nothing that a running call may read is ever freed: a binding changed by
+ * name (anybind_bind again) is replaced, an outgrown table is kept, and the
+ * allowed operands of a binding are a list that is only appended to. Writers
+ * are serialised by the caller (a Python lock); entries are published with
+ * release semantics and read with acquire semantics, so lookups take no lock.
  *
  * Only XLA's C API header is included, so this file builds with any C compiler.
  */
@@ -35,55 +49,175 @@ typedef int32_t (*anybind_fn)(void *const *ins, void *const *outs,
                               const int32_t *dtypes, int64_t n_in, int64_t n_out,
                               char *err, int64_t err_size);
 
-#define TABLE_SIZE 8192 /* a power of two */
+/* Asks Python whether operands not seen before are a valid call of the binding
+   of `key`; 0: yes (Python has allowed them), else no, with a message in err. */
+typedef int32_t (*anybind_validator)(uint64_t key, const char *tree, int64_t tree_len,
+                                     int64_t rows, int64_t n_in, int64_t n_out,
+                                     const int32_t *dtypes, const int64_t *ranks,
+                                     const int64_t *const *shapes, char *err,
+                                     int64_t err_size);
+
 #define ERR_SIZE 1024
+#define MSG_SIZE 2048
 #define STACK_OPERANDS 32
+#define SHOWN 10 /* unwritten elements named in a message, at most */
+
+typedef struct allowed { /* one call a binding takes */
+  struct allowed *next;
+  int64_t rows, n_in, n_out, n_words;
+  int64_t words[]; /* per operand: dtype, rank, dims */
+} allowed;
+
+typedef struct {
+  anybind_fn fn;
+  char *what; /* "anybind op 'f': the compiled jvp rule", for error messages */
+  char *name; /* the stable name a call must give */
+  size_t name_len;
+  int64_t validate; /* 1: ask the validator about operands not allowed yet */
+  allowed *first;
+} binding;
 
 typedef struct {
   uint64_t key; /* 0: empty */
-  anybind_fn fn;
-  char *what; /* "anybind op 'f': the compiled jvp rule", for error messages */
-} entry;
+  binding *b;
+} slot;
 
-static entry table[TABLE_SIZE];
+typedef struct {
+  uint64_t size, used; /* size: a power of two */
+  slot slots[];
+} table;
+
+static table *current = NULL;
+static anybind_validator validator = NULL;
 
 /* ------------------------------------------------------------ registry */
 
-static entry *find(uint64_t key) {
-  for (uint64_t i = 0; i < TABLE_SIZE; ++i) {
-    entry *e = &table[(key + i) & (TABLE_SIZE - 1)];
-    uint64_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
-    if (k == key) return e;
+static slot *find(table *t, uint64_t key) {
+  if (t == NULL) return NULL;
+  for (uint64_t i = 0; i < t->size; ++i) {
+    slot *s = &t->slots[(key + i) & (t->size - 1)];
+    uint64_t k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+    if (k == key) return s;
     if (k == 0) return NULL;
   }
   return NULL;
 }
 
-/* 0: registered; 1: the key already holds another function; 2: the table is full. */
-int32_t anybind_register(uint64_t key, void *fn, const char *what) {
-  if (key == 0) key = 1;
-  for (uint64_t i = 0; i < TABLE_SIZE; ++i) {
-    entry *e = &table[(key + i) & (TABLE_SIZE - 1)];
-    if (e->key == key) return e->fn == (anybind_fn)fn ? 0 : 1;
-    if (e->key == 0) {
-      size_t len = strlen(what);
-      char *copy = malloc(len + 1);
-      if (copy == NULL) return 2;
-      memcpy(copy, what, len + 1);
-      e->fn = (anybind_fn)fn;
-      e->what = copy;
-      __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
-      return 0;
+static table *new_table(uint64_t size) {
+  table *t = calloc(1, sizeof(table) + size * sizeof(slot));
+  if (t != NULL) t->size = size;
+  return t;
+}
+
+static void put(table *t, uint64_t key, binding *b) {
+  for (uint64_t i = 0;; ++i) {
+    slot *s = &t->slots[(key + i) & (t->size - 1)];
+    if (s->key == 0) {
+      s->b = b;
+      __atomic_store_n(&s->key, key, __ATOMIC_RELEASE);
+      t->used += 1;
+      return;
     }
   }
-  return 2;
 }
+
+static char *copy_of(const char *s) {
+  size_t n = strlen(s);
+  char *c = malloc(n + 1);
+  if (c != NULL) memcpy(c, s, n + 1);
+  return c;
+}
+
+/* Bind `key` to `fn` (a new binding, with nothing allowed yet), replacing any
+   binding it had. 0: done; 2: out of memory. */
+int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
+                     int64_t validate) {
+  if (key == 0) key = 1;
+  binding *b = calloc(1, sizeof(binding));
+  if (b == NULL) return 2;
+  b->fn = (anybind_fn)fn;
+  b->name = copy_of(name);
+  b->what = copy_of(what);
+  b->validate = validate;
+  if (b->name == NULL || b->what == NULL) return 2;
+  b->name_len = strlen(b->name);
+  table *t = current;
+  slot *s = find(t, key);
+  if (s != NULL) {
+    __atomic_store_n(&s->b, b, __ATOMIC_RELEASE); /* the old one stays: calls may hold it */
+    return 0;
+  }
+  if (t == NULL || 2 * (t->used + 1) > t->size) { /* grow: a new table, the old one kept */
+    table *g = new_table(t == NULL ? 1024 : 2 * t->size);
+    if (g == NULL) return 2;
+    for (uint64_t i = 0; t != NULL && i < t->size; ++i)
+      if (t->slots[i].key != 0) put(g, t->slots[i].key, t->slots[i].b);
+    __atomic_store_n(&current, g, __ATOMIC_RELEASE);
+    t = g;
+  }
+  put(t, key, b);
+  return 0;
+}
+
+static int same_call(const allowed *a, int64_t rows, int64_t n_in, int64_t n_out,
+                     const int32_t *dtypes, const int64_t *ranks,
+                     const int64_t *const *shapes) {
+  if (a->rows != rows || a->n_in != n_in || a->n_out != n_out) return 0;
+  int64_t p = 0;
+  for (int64_t i = 0; i < n_in + n_out; ++i) {
+    if (p + 2 > a->n_words || a->words[p] != dtypes[i] || a->words[p + 1] != ranks[i])
+      return 0;
+    if (p + 2 + ranks[i] > a->n_words) return 0;
+    for (int64_t d = 0; d < ranks[i]; ++d)
+      if (a->words[p + 2 + d] != shapes[i][d]) return 0;
+    p += 2 + ranks[i];
+  }
+  return p == a->n_words;
+}
+
+/* Allow the binding of `key` a call: rows, then per operand dtype, rank, dims.
+   0: done (or allowed already); 1: no such key; 2: out of memory; 3: malformed. */
+int32_t anybind_allow(uint64_t key, int64_t rows, int64_t n_in, int64_t n_out,
+                      const int64_t *words, int64_t n_words) {
+  if (key == 0) key = 1;
+  slot *s = find(current, key);
+  if (s == NULL) return 1;
+  binding *b = s->b;
+  int32_t dtypes[STACK_OPERANDS];
+  int64_t ranks[STACK_OPERANDS];
+  const int64_t *shapes[STACK_OPERANDS];
+  if (n_in < 0 || n_out < 0 || n_in + n_out > STACK_OPERANDS) goto append; /* no dedup */
+  int64_t p = 0;
+  for (int64_t i = 0; i < n_in + n_out; ++i) {
+    if (p + 2 > n_words || words[p + 1] < 0 || p + 2 + words[p + 1] > n_words) return 3;
+    dtypes[i] = (int32_t)words[p];
+    ranks[i] = words[p + 1];
+    shapes[i] = words + p + 2;
+    p += 2 + words[p + 1];
+  }
+  if (p != n_words) return 3;
+  for (allowed *a = b->first; a != NULL; a = a->next)
+    if (same_call(a, rows, n_in, n_out, dtypes, ranks, shapes)) return 0;
+append:;
+  allowed *a = malloc(sizeof(allowed) + (size_t)n_words * sizeof(int64_t));
+  if (a == NULL) return 2;
+  a->rows = rows;
+  a->n_in = n_in;
+  a->n_out = n_out;
+  a->n_words = n_words;
+  memcpy(a->words, words, (size_t)n_words * sizeof(int64_t));
+  a->next = b->first;
+  __atomic_store_n(&b->first, a, __ATOMIC_RELEASE);
+  return 0;
+}
+
+void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 
 /* The FFI API version this shim was built against, for Python to report. */
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 1; }
+int32_t anybind_shim_version(void) { return 2; }
 
 /* ------------------------------------------------------------- helpers */
 
@@ -94,6 +228,62 @@ static XLA_FFI_Error *fail(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, cons
   args.message = msg;
   args.errc = code;
   return api->XLA_FFI_Error_Create(&args);
+}
+
+/* `text` (len bytes, or up to its NUL when len < 0) as UTF-8 into out: valid
+   sequences copied, any other byte (and NUL) as \xNN, so that XLA's message
+   decodes in Python whatever a compiled function wrote. */
+static size_t utf8_into(char *out, size_t size, const char *text, int64_t len) {
+  const unsigned char *s = (const unsigned char *)text;
+  size_t n = len < 0 ? strlen(text) : (size_t)len, o = 0;
+  for (size_t i = 0; i < n && o + 5 < size;) {
+    unsigned char c = s[i];
+    size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+             : (c & 0xF8) == 0xF0 ? 4 : 0;
+    int ok = k > 0 && i + k <= n && c != 0 && !(k == 2 && c < 0xC2);
+    for (size_t j = 1; ok && j < k; ++j) ok = (s[i + j] & 0xC0) == 0x80;
+    if (ok && k == 3) {
+      unsigned cp = ((c & 0x0Fu) << 12) | ((s[i + 1] & 0x3Fu) << 6);
+      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok && k == 4) {
+      unsigned cp = ((c & 0x07u) << 18) | ((s[i + 1] & 0x3Fu) << 12);
+      ok = cp >= 0x10000 && cp <= 0x10FFFF;
+    }
+    if (ok && o + k < size) {
+      memcpy(out + o, s + i, k);
+      o += k;
+      i += k;
+    } else if (ok) {
+      break;
+    } else {
+      o += (size_t)snprintf(out + o, size - o, "\\x%02x", c);
+      i += 1;
+    }
+  }
+  out[o < size ? o : size - 1] = '\0';
+  return o;
+}
+
+static const char *dtype_name(int32_t code) {
+  switch (code) {
+    case XLA_FFI_DataType_PRED: return "bool";
+    case XLA_FFI_DataType_S8: return "int8";
+    case XLA_FFI_DataType_S16: return "int16";
+    case XLA_FFI_DataType_S32: return "int32";
+    case XLA_FFI_DataType_S64: return "int64";
+    case XLA_FFI_DataType_U8: return "uint8";
+    case XLA_FFI_DataType_U16: return "uint16";
+    case XLA_FFI_DataType_U32: return "uint32";
+    case XLA_FFI_DataType_U64: return "uint64";
+    case XLA_FFI_DataType_F16: return "float16";
+    case XLA_FFI_DataType_F32: return "float32";
+    case XLA_FFI_DataType_F64: return "float64";
+    case XLA_FFI_DataType_C64: return "complex64";
+    case XLA_FFI_DataType_BF16: return "bfloat16";
+    case XLA_FFI_DataType_C128: return "complex128";
+    default: return "another dtype";
+  }
 }
 
 static int64_t item_size(XLA_FFI_DataType t) {
@@ -119,10 +309,9 @@ static int64_t item_size(XLA_FFI_DataType t) {
   }
 }
 
-static int attr_is(const XLA_FFI_ByteSpan *name, const char *want) {
-  size_t n = strlen(want);
-  return name->len == n && memcmp(name->ptr, want, n) == 0;
-}
+/* Whether an attribute's name is the literal `want` (its length known at compile time). */
+#define ATTR_IS(name, want) \
+  ((name)->len == sizeof(want) - 1 && memcmp((name)->ptr, want, sizeof(want) - 1) == 0)
 
 static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
@@ -139,6 +328,100 @@ static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   return NULL;
 }
 
+/* "float64[4, 3]" into out. */
+static void operand_into(char *out, size_t size, int32_t dtype, int64_t rank,
+                         const int64_t *dims) {
+  int o = snprintf(out, size, "%s[", dtype_name(dtype));
+  for (int64_t d = 0; d < rank && o > 0 && (size_t)o < size; ++d)
+    o += snprintf(out + o, size - o, d ? ", %lld" : "%lld", (long long)dims[d]);
+  if (o > 0 && (size_t)o < size) snprintf(out + o, size - o, "]");
+}
+
+/* "float64[4], float64[4] -> float64[4]" of a call into out. */
+static void call_into(char *out, size_t size, int64_t n_in, int64_t n_out,
+                      const int32_t *dtypes, const int64_t *ranks,
+                      const int64_t *const *shapes) {
+  size_t o = 0;
+  out[0] = '\0';
+  for (int64_t i = 0; i < n_in + n_out && o + 80 < size; ++i) {
+    if (i == n_in) o += (size_t)snprintf(out + o, size - o, i ? " -> " : "() -> ");
+    else if (i) o += (size_t)snprintf(out + o, size - o, ", ");
+    operand_into(out + o, size - o, dtypes[i], ranks[i], shapes[i]);
+    o += strlen(out + o);
+  }
+}
+
+/* --------------------------------------------------------- debug mode
+ *
+ * As core/_debug.py: the sentinel is a NaN with the payload 0xA5... for
+ * floating and complex dtypes, the byte 0xA5 repeated for the others; an
+ * element is unwritten when all its bytes (of either part, if complex) still
+ * hold it. */
+
+static int is_float(int32_t t) {
+  return t == XLA_FFI_DataType_F16 || t == XLA_FFI_DataType_F32 ||
+         t == XLA_FFI_DataType_F64 || t == XLA_FFI_DataType_C64 ||
+         t == XLA_FFI_DataType_C128 || t == XLA_FFI_DataType_BF16;
+}
+
+/* The sentinel of one component of `t`, and that component's size in bytes. */
+static uint64_t sentinel(int32_t t, int64_t *size) {
+  int complex = t == XLA_FFI_DataType_C64 || t == XLA_FFI_DataType_C128;
+  int64_t s = item_size((XLA_FFI_DataType)t) / (complex ? 2 : 1);
+  uint64_t bytes = 0;
+  for (int64_t i = 0; i < s; ++i) bytes = (bytes << 8) | 0xA5;
+  *size = s;
+  if (!is_float(t) || t == XLA_FFI_DataType_BF16) return bytes;
+  int64_t bits = 8 * s, exp_bits = s == 2 ? 5 : s == 4 ? 8 : 11, mant = bits - 1 - exp_bits;
+  uint64_t exp = ((((uint64_t)1) << exp_bits) - 1) << mant;
+  uint64_t payload = (bytes & ((((uint64_t)1) << (mant - 1)) - 1)) | 1;
+  return exp | payload;
+}
+
+static void fill(void *data, int32_t t, int64_t count) {
+  int64_t s;
+  uint64_t v = sentinel(t, &s);
+  if (s <= 0) return;
+  unsigned char *p = data;
+  for (int64_t i = 0; i < count * (item_size((XLA_FFI_DataType)t) / s); ++i)
+    memcpy(p + i * s, &v, (size_t)s); /* little-endian hosts, as XLA's CPU backend */
+}
+
+/* Count, and name in msg (from offset o), the unwritten elements of one output. */
+static int64_t unwritten(const void *data, int32_t t, int64_t rank, const int64_t *dims,
+                         char *msg, size_t size, size_t o) {
+  int64_t s, count = 1, left = 0;
+  uint64_t v = sentinel(t, &s);
+  if (s <= 0) return 0;
+  int64_t parts = item_size((XLA_FFI_DataType)t) / s;
+  for (int64_t d = 0; d < rank; ++d) count *= dims[d];
+  const unsigned char *p = data;
+  for (int64_t i = 0; i < count; ++i) {
+    int hit = 0;
+    for (int64_t c = 0; c < parts && !hit; ++c) {
+      uint64_t got = 0;
+      memcpy(&got, p + (i * parts + c) * s, (size_t)s);
+      hit = got == v;
+    }
+    if (!hit) continue;
+    if (left < SHOWN && o + 64 < size) {
+      o += (size_t)snprintf(msg + o, size - o, left ? ", [" : "[");
+      int64_t rest = i, stride = count;
+      for (int64_t d = 0; d < rank; ++d) {
+        stride /= dims[d];
+        o += (size_t)snprintf(msg + o, size - o, d ? ", %lld" : "%lld",
+                              (long long)(rest / stride));
+        rest %= stride;
+      }
+      o += (size_t)snprintf(msg + o, size - o, "]");
+    }
+    left += 1;
+  }
+  if (left > SHOWN && o + 32 < size)
+    snprintf(msg + o, size - o, " and %lld more", (long long)(left - SHOWN));
+  return left;
+}
+
 /* -------------------------------------------------------------- handler */
 
 XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
@@ -153,28 +436,38 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
 
   const XLA_FFI_Api *api = frame->api;
   uint64_t key = 0;
-  int64_t rows = 0;
-  const XLA_FFI_ByteSpan *name = NULL;
+  int64_t rows = 0, debug = 0;
+  const XLA_FFI_ByteSpan *name = NULL, *tree = NULL;
   for (int64_t i = 0; i < frame->attrs.size; ++i) {
     const XLA_FFI_ByteSpan *a = frame->attrs.names[i];
     if (frame->attrs.types[i] == XLA_FFI_AttrType_SCALAR) {
       const XLA_FFI_Scalar *s = (const XLA_FFI_Scalar *)frame->attrs.attrs[i];
       if (s->dtype != XLA_FFI_DataType_S64) continue;
-      if (attr_is(a, "anybind_key")) key = *(const uint64_t *)s->value;
-      else if (attr_is(a, "anybind_rows")) rows = *(const int64_t *)s->value;
-    } else if (frame->attrs.types[i] == XLA_FFI_AttrType_STRING && attr_is(a, "anybind_name")) {
-      name = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
+      if (ATTR_IS(a, "anybind_key")) key = *(const uint64_t *)s->value;
+      else if (ATTR_IS(a, "anybind_rows")) rows = *(const int64_t *)s->value;
+      else if (ATTR_IS(a, "anybind_debug")) debug = *(const int64_t *)s->value;
+    } else if (frame->attrs.types[i] == XLA_FFI_AttrType_STRING) {
+      if (ATTR_IS(a, "anybind_name")) name = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
+      else if (ATTR_IS(a, "anybind_tree")) tree = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
     }
   }
-  entry *e = find(key == 0 ? 1 : key);
+  char msg[MSG_SIZE], called[512];
+  slot *s = find(__atomic_load_n(&current, __ATOMIC_ACQUIRE), key == 0 ? 1 : key);
+  binding *e = s == NULL ? NULL : __atomic_load_n(&s->b, __ATOMIC_ACQUIRE);
+  if (e == NULL || name == NULL || name->len != e->name_len ||
+      memcmp(name->ptr, e->name, name->len) != 0) /* for the message: any bytes at all */
+    utf8_into(called, sizeof called, name ? name->ptr : "?", name ? (int64_t)name->len : 1);
   if (e == NULL) {
-    char msg[512];
     snprintf(msg, sizeof msg,
-             "anybind: no compiled function is registered under the name '%.*s' in this "
+             "anybind: no compiled function is registered under the name '%s' in this "
              "process; import the module that binds it (with ab.bind) before running a "
-             "program that calls it",
-             name ? (int)name->len : 1, name ? name->ptr : "?");
+             "program that calls it", called);
     return fail(api, XLA_FFI_Error_Code_NOT_FOUND, msg);
+  }
+  if (name == NULL || name->len != e->name_len || memcmp(name->ptr, e->name, name->len) != 0) {
+    snprintf(msg, sizeof msg, "%s: a program called it as '%s', which is not its name; "
+             "the program was not lowered by anybind for this op", e->what, called);
+    return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
   }
 
   int64_t n_in = frame->args.size, n_out = frame->rets.size, n = n_in + n_out;
@@ -189,7 +482,8 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
   void *heap = NULL;
   if (n > STACK_OPERANDS) {
     heap = malloc((size_t)n * (3 * sizeof(void *) + 2 * sizeof(int64_t) + sizeof(int32_t)));
-    if (heap == NULL) return fail(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "anybind: out of memory");
+    if (heap == NULL)
+      return fail(api, XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "anybind: out of memory");
     ptrs = (void **)heap;
     base = ptrs + n;
     shapes = (const int64_t **)(base + n);
@@ -198,7 +492,16 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     dtypes = (int32_t *)(strides + n);
   }
 
+  XLA_FFI_Error *error = NULL;
   for (int64_t i = 0; i < n; ++i) {
+    int buffer = i < n_in ? frame->args.types[i] == XLA_FFI_ArgType_BUFFER
+                          : frame->rets.types[i - n_in] == XLA_FFI_RetType_BUFFER;
+    if (!buffer) {
+      snprintf(msg, sizeof msg, "%s: a program called it with %s %lld that is not an array",
+               e->what, i < n_in ? "input" : "output", (long long)(i < n_in ? i : i - n_in));
+      error = fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+      goto done;
+    }
     const XLA_FFI_Buffer *b = i < n_in ? (const XLA_FFI_Buffer *)frame->args.args[i]
                                        : (const XLA_FFI_Buffer *)frame->rets.rets[i - n_in];
     base[i] = ptrs[i] = b->data;
@@ -207,11 +510,42 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     dtypes[i] = (int32_t)b->dtype;
   }
 
+  /* Only calls the binding allows: those lowered in this process, or (by stable
+     name) those the validator finds the op's shape rule gives. */
+  int known = 0;
+  for (allowed *a = __atomic_load_n(&e->first, __ATOMIC_ACQUIRE); a != NULL && !known;
+       a = a->next)
+    known = same_call(a, rows, n_in, n_out, dtypes, ranks, shapes);
+  if (!known) {
+    char err[ERR_SIZE], text[ERR_SIZE], operands[768];
+    err[0] = '\0';
+    int32_t status = 1;
+    if (e->validate && validator != NULL)
+      status = validator(key, tree ? tree->ptr : "", tree ? (int64_t)tree->len : 0, rows,
+                         n_in, n_out, dtypes, ranks, shapes, err, ERR_SIZE);
+    if (status != 0) {
+      err[ERR_SIZE - 1] = '\0';
+      utf8_into(text, sizeof text, err, -1);
+      call_into(operands, sizeof operands, n_in, n_out, dtypes, ranks, shapes);
+      snprintf(msg, sizeof msg, "%s was called with operands it does not take (%s%s): %s",
+               e->what, operands, rows ? ", by rows" : "",
+               text[0] ? text : "no program lowered in this process calls it so");
+      error = fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+      goto done;
+    }
+  }
+
+  if (debug)
+    for (int64_t i = n_in; i < n; ++i) {
+      int64_t count = 1;
+      for (int64_t d = 0; d < ranks[i]; ++d) count *= shapes[i][d];
+      fill(ptrs[i], dtypes[i], count);
+    }
+
   char err[ERR_SIZE];
   err[0] = '\0';
   int32_t status = 0;
   int64_t row = 0;
-  XLA_FFI_Error *error = NULL;
   if (rows == 0) {
     status = e->fn(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out, err, ERR_SIZE);
   } else {
@@ -220,9 +554,9 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     for (int64_t i = 0; i < n; ++i) {
       int64_t size = item_size((XLA_FFI_DataType)dtypes[i]);
       if (ranks[i] < 1 || size < 0 || (shapes[i][0] != rows && shapes[i][0] != 1)) {
-        snprintf(err, sizeof err, "%s: operand %lld cannot be split into %lld rows",
+        snprintf(msg, sizeof msg, "%s: operand %lld cannot be split into %lld rows",
                  e->what, (long long)i, (long long)rows);
-        error = fail(api, XLA_FFI_Error_Code_INTERNAL, err);
+        error = fail(api, XLA_FFI_Error_Code_INTERNAL, msg);
         goto done;
       }
       strides[i] = size;
@@ -236,15 +570,36 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
       status = e->fn(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out, err, ERR_SIZE);
     }
     row -= 1;
+    for (int64_t i = 0; i < n; ++i) { /* back to whole buffers, for the debug check */
+      shapes[i] -= 1;
+      ranks[i] += 1;
+      ptrs[i] = base[i];
+    }
   }
   if (status != 0) {
-    char msg[ERR_SIZE + 512];
+    char text[ERR_SIZE], at[64] = "";
     err[ERR_SIZE - 1] = '\0';
-    char at[64] = "";
+    utf8_into(text, sizeof text, err, -1);
     if (rows > 0) snprintf(at, sizeof at, " at batch index %lld", (long long)row);
     snprintf(msg, sizeof msg, "%s returned status %d%s%s%s", e->what, (int)status, at,
-             err[0] ? ": " : "", err);
+             text[0] ? ": " : "", text);
     error = fail(api, XLA_FFI_Error_Code_INTERNAL, msg);
+    goto done;
+  }
+  for (int64_t i = n_in; debug && i < n; ++i) {
+    int64_t count = 1;
+    for (int64_t d = 0; d < ranks[i]; ++d) count *= shapes[i][d];
+    int o = snprintf(msg, sizeof msg, "%s left ", e->what);
+    char list[MSG_SIZE / 2];
+    list[0] = '\0';
+    int64_t left = unwritten(ptrs[i], dtypes[i], ranks[i], shapes[i], list, sizeof list, 0);
+    if (left > 0) {
+      snprintf(msg + o, sizeof msg - o, "%lld of %lld elements of output %lld unwritten: %s\n"
+               "(debug mode: outputs are filled with a sentinel before a compiled function "
+               "runs)", (long long)left, (long long)count, (long long)(i - n_in), list);
+      error = fail(api, XLA_FFI_Error_Code_INTERNAL, msg);
+      goto done;
+    }
   }
 done:
   free(heap);
