@@ -41,6 +41,11 @@
 
 #include "xla/ffi/api/c_api.h"
 
+/* The FFI API version this handler declares: the oldest whose structs it uses. XLA
+   accepts a handler no newer than itself, and jaxlib 0.8-0.10 speak 0.1-0.3, so a
+   handler built against newer headers still registers with an older jaxlib. */
+#define ANYBIND_FFI_API_MINOR 1
+
 /* XLA's dims are int64_t, NumPy's npy_intp: the handler passes one as the other. */
 _Static_assert(sizeof(npy_intp) == sizeof(int64_t), "anybind: npy_intp is not 64 bits");
 
@@ -71,7 +76,7 @@ static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
   ext->metadata->api_version.extension_start = NULL;
   ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-  ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+  ext->metadata->api_version.minor_version = ANYBIND_FFI_API_MINOR;
   ext->metadata->traits = 0;
   return NULL;
 }

@@ -44,6 +44,11 @@
 
 #include "xla/ffi/api/c_api.h"
 
+/* The FFI API version this handler declares: the oldest whose structs it uses. XLA
+   accepts a handler no newer than itself, and jaxlib 0.8-0.10 speak 0.1-0.3, so a
+   handler built against newer headers still registers with an older jaxlib. */
+#define ANYBIND_FFI_API_MINOR 1
+
 typedef int32_t (*anybind_fn)(void *const *ins, void *const *outs,
                               const int64_t *const *shapes, const int64_t *ranks,
                               const int32_t *dtypes, int64_t n_in, int64_t n_out,
@@ -323,7 +328,7 @@ static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
   ext->metadata->api_version.extension_start = NULL;
   ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-  ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+  ext->metadata->api_version.minor_version = ANYBIND_FFI_API_MINOR;
   ext->metadata->traits = 0;
   return NULL;
 }
