@@ -99,7 +99,7 @@ def test_psum_of_an_unbatched_operand():
 
 def test_axis_index_of_an_unbatched_operand():
     op, ref = _ramp()
-    run = lambda f: jax.vmap(lambda _: f(2.), axis_name="i")(jnp.arange(4.))  # noqa: E731
+    run = lambda f: jax.vmap(lambda _: f(jnp.asarray(2.)), axis_name="i")(jnp.arange(4.))  # noqa: E731
     assert_close(run(op), run(ref))
     grad = lambda f: jax.grad(lambda c: jnp.sum(  # noqa: E731
         jax.vmap(lambda _: f(c), axis_name="i")(jnp.arange(4.))))(2.)
