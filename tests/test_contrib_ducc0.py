@@ -310,7 +310,7 @@ def test_nufft_is_linear_in_the_values_only():
     assert (dj.u2nu.linear, dj.u2nu.linear_argnums) == (False, (0,))
     x = np.random.default_rng(9).uniform(-3.0, 3.0, size=(5, 1))
     c, g = randn((5,), np.complex128), randn((4,), np.complex128, seed=1)
-    message = r"not linear in positional input leaf 1.*declared linear in .*\(0,\) only"
+    message = r"not declared linear in positional input leaf 1.*declared linear in .*\(0,\) only"
     with pytest.raises(TypeError, match="ducc0_nu2u.*" + message):
         jax.linear_transpose(lambda x: dj.nu2u(c, x, n_modes=(4,)), x)(g)
     with pytest.raises(TypeError, match="ducc0_u2nu.*" + message):         # jointly in both

@@ -214,7 +214,7 @@ def test_spsolve_transpose_in_b_under_vmap():
 def test_spsolve_linear_transpose_in_the_matrix_raises():
     data, kw, _ = _system()
     b = randn((6,), seed=1)
-    message = (r"scipy_spsolve.*not linear in positional input leaf 0.*"
+    message = (r"scipy_spsolve.*not declared linear in positional input leaf 0.*"
                r"declared linear in .*\(1,\) only")
     with pytest.raises(TypeError, match=message):
         jax.linear_transpose(lambda d: sj.spsolve(d, b, **kw), data)(b)
