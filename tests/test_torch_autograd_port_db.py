@@ -56,16 +56,10 @@ def _sum_to(g, shape):
     return g
 
 
-def _lead(x, batched):
-    return x if batched else x[None]
-
-
 def _mul_vmap(axis_size, in_batched, x, y):
-    # NumpyMul.vmap: both operands get the batch axis, then one NumPy product
-    x, y = _lead(x, in_batched[0]), _lead(y, in_batched[1])
-    out = x[(slice(None),) + (None,) * (y.ndim - x.ndim)] * y if y.ndim > x.ndim else \
-        x * y[(slice(None),) + (None,) * (x.ndim - y.ndim)]
-    return np.broadcast_to(out, (axis_size,) + out.shape[1:]), True
+    # NumpyMul.vmap: the batch axis (a new one where unbatched) moved last, one product
+    x, y = (np.moveaxis(v, 0, -1) if b else v[..., None] for v, b in zip((x, y), in_batched))
+    return np.moveaxis(x * y, -1, 0), True
 
 
 numpy_mul = ab.bind(lambda x, y: x * y, shape=_bcast, vmap=_mul_vmap, name="NumpyMul")
@@ -262,7 +256,8 @@ def _(p, ct, *, dim):
     return (take_gv(ct[0], ind_inv, ind, dim=dim),)
 
 
-# SelectGenVmap: plain indexing, a traced jvp rule (the vjp is its transpose)
+# SelectGenVmap: plain indexing and the entry's jvp (select the tangent); its backward
+# (a scatter into zeros) has no plain-arithmetic form, so the vjp is the jvp's transpose
 select_gv = ab.bind(lambda x, *, idx: x[idx], traced=True, name="SelectGenVmap")
 select_gv.def_jvp(lambda p, t, *, idx: t[0][idx], traced=True)
 
@@ -393,44 +388,52 @@ def _batched_sample(e, rng, size=2):
     return tuple(torch.stack(col) for col in zip(*rows))
 
 
+def _batched_diff(f, e, rng):
+    """(f of the differentiated arguments, a batch of them at axis 0)."""
+    g, _ = _diff_fn(f, e.sample(rng), e.diff)
+    rows = _batched_sample(e, rng)
+    return g, tuple(rows[i] for i in e.diff)
+
+
+def _vjp_fn(g, n):
+    """(x₁…xₙ, ȳ…) ↦ ∂g(x)ᵀ·ȳ."""
+    return lambda *a: F.vjp(g, *a[:n])[1](a[n:])
+
+
 def check_vjp(f, e, rng):
+    """test_ops.py's test_vjp: the outputs and the cotangents of random ȳ."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     out, pullback = F.vjp(g, *xs)
     return out, pullback(_randn_like(out, rng))
 
 
 def check_grad(f, e, rng):
+    """test_ops.py's test_grad: grad of the sum of the outputs."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     return F.grad(lambda *a: sum(o.sum() for o in g(*a)), argnums=tuple(range(len(xs))))(*xs)
 
 
 def check_vmapvjp(f, e, rng):
-    args = e.sample(rng)
-    g, _ = _diff_fn(f, args, e.diff)
-    n = len(e.diff)
-    xs = tuple(_batched_sample(e, rng)[i] for i in e.diff)
-    out = F.vmap(g)(*xs)
-    cts = _randn_like(out, rng)
-    return F.vmap(lambda *a: F.vjp(g, *a[:n])[1](a[n:]))(*xs, *cts)
+    """test_ops.py's test_vmapvjp: vmap over primals and cotangents of the vjp."""
+    g, xs = _batched_diff(f, e, rng)
+    return F.vmap(_vjp_fn(g, len(xs)))(*xs, *_randn_like(F.vmap(g)(*xs), rng))
 
 
 def check_jvp(f, e, rng):
+    """test_ops.py's test_jvp: torch.func.jvp at random tangents."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     return F.jvp(g, xs, _randn_like(xs, rng))
 
 
 def check_vmapjvpall(f, e, rng):
-    g, _ = _diff_fn(f, e.sample(rng), e.diff)
-    n = len(e.diff)
-    xs = tuple(_batched_sample(e, rng)[i] for i in e.diff)
+    """test_ops.py's test_vmapjvpall: vmap over primals and tangents of the jvp."""
+    g, xs = _batched_diff(f, e, rng)
+    n = len(xs)
     return F.vmap(lambda *a: F.jvp(g, a[:n], a[n:]))(*xs, *_randn_like(xs, rng))
 
 
-def _vjp_fn(g, n):
-    return lambda *a: F.vjp(g, *a[:n])[1](a[n:])
-
-
 def check_vjpvjp(f, e, rng):
+    """test_ops.py's test_vjpvjp: the vjp of (x, ȳ) ↦ ∂f(x)ᵀ·ȳ."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     cts = _randn_like(g(*xs), rng)
     out, pullback = F.vjp(_vjp_fn(g, len(xs)), *xs, *cts)
@@ -438,27 +441,27 @@ def check_vjpvjp(f, e, rng):
 
 
 def check_jvpvjp(f, e, rng):
+    """test_ops.py's test_jvpvjp: the jvp of (x, ȳ) ↦ ∂f(x)ᵀ·ȳ (forward over reverse)."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     primals = xs + _randn_like(g(*xs), rng)
     return F.jvp(_vjp_fn(g, len(xs)), primals, _randn_like(primals, rng))
 
 
 def check_vjpvmap(f, e, rng):
-    """vjp of the vmapped op (functorch's test_vjpvmap)."""
-    g, _ = _diff_fn(f, e.sample(rng), e.diff)
-    xs = tuple(_batched_sample(e, rng)[i] for i in e.diff)
+    """test_ops.py's test_vjpvmap: the vjp of the vmapped op."""
+    g, xs = _batched_diff(f, e, rng)
     out, pullback = F.vjp(F.vmap(g), *xs)
     return out, pullback(_randn_like(out, rng))
 
 
 def _batched_vjp_primals(f, e, rng):
     """(the vjp function of f, batched primals and cotangents for it)."""
-    g, _ = _diff_fn(f, e.sample(rng), e.diff)
-    xs = tuple(_batched_sample(e, rng)[i] for i in e.diff)
+    g, xs = _batched_diff(f, e, rng)
     return _vjp_fn(g, len(xs)), xs + _randn_like(F.vmap(g)(*xs), rng)
 
 
 def check_vmapvjpvjp(f, e, rng):
+    """test_ops.py's test_vmapvjpvjp: vmap of the vjp of the vjp."""
     h, primals = _batched_vjp_primals(f, e, rng)
     n = len(primals)
     vs = _randn_like(F.vmap(h)(*primals), rng)
@@ -466,6 +469,7 @@ def check_vmapvjpvjp(f, e, rng):
 
 
 def check_vmapjvpvjp(f, e, rng):
+    """test_ops.py's test_vmapjvpvjp: vmap of the jvp of the vjp."""
     h, primals = _batched_vjp_primals(f, e, rng)
     n = len(primals)
     return F.vmap(lambda *a: F.jvp(h, a[:n], a[n:]))(*primals, *_randn_like(primals, rng))
@@ -485,11 +489,13 @@ def check_vmap_exhaustive(f, e, rng):
 
 
 def check_jacrev(f, e, rng):
+    """torch.func.jacrev in every differentiated argument."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     return F.jacrev(g, argnums=tuple(range(len(xs))))(*xs)
 
 
 def check_jacfwd(f, e, rng):
+    """torch.func.jacfwd in every differentiated argument."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
     return F.jacfwd(g, argnums=tuple(range(len(xs))))(*xs)
 
