@@ -1,7 +1,8 @@
 """PyTorch's ``autograd_function_db`` (``torch/testing/_internal/autograd_function_db.py``
 in pytorch/pytorch), every entry rewritten as an anybind op and run through the
 checks functorch runs on it (``test/functorch/test_ops.py`` and ``test_vmap.py``),
-plus double backward, dual tensors, gradcheck and gradgradcheck.
+plus jacrev, jacfwd, hessian, double backward, dual tensors, gradcheck and
+gradgradcheck: one test per (entry × check).
 
 How an entry translates:
 
@@ -21,16 +22,20 @@ Select-like (linear)        ``linear=True`` with a host transpose: its jvp is th
 
 Each check is computed twice, with the anybind op and with the same function
 written in plain torch (the reference), and the results compared; gradcheck
-and gradgradcheck compare their verdicts (an entry whose custom derivative
-differs from the function on purpose fails them both ways). Sample shapes are
-those of the db's ``sample_inputs_*``.
+and gradgradcheck compare verdicts (an entry whose custom derivative differs
+from its function on purpose, ScaleGradGenVmap and ZeroGradientsGenVmap, fails
+them both ways). Where the entry itself refuses (NumpyCubeNotComposable: no
+forward AD, first derivatives only) anybind raises naming the rule (``RAISES``).
+Sample shapes are those of the db's ``sample_inputs_*``. ScaleGradGenVmap and
+ZeroGradientsGenVmap return their inputs as-is, which op.torch cannot
+differentiate yet (issue 19 item 8); their ``_copy`` twins (1·x) check the rules.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
