@@ -113,21 +113,13 @@ def _returns_input_case(op, transform, inner_requires_grad):
         torch.testing.assert_close(out.tangent, a_t.detach())
 
 
-ITEM8 = "issue 19 item 8: a traced function returning its input as-is cannot be differentiated"
-
-
 def _returns_input_params():
     out = []
     for irg in (True, False):
         for save_for in ("jvp", "vjp"):
             for fn_kind in ("host", "traced"):
                 for transform in ("grad", "jvp", "apply", "dual"):
-                    # traced: fails wherever autograd or a transform records it
-                    reason = ITEM8 if fn_kind == "traced" and (
-                        transform != "apply" or irg) else None
                     marks = [pytest.mark.timeout(60)] if transform == "dual" else []
-                    if reason:
-                        marks.append(pytest.mark.xfail(strict=True, reason=reason))
                     out.append(pytest.param(irg, save_for, fn_kind, transform, marks=marks))
     return out
 
@@ -198,8 +190,6 @@ def test_once_differentiable_grad_vjp():
 
 
 # ports test_grad_fn_name: the node autograd records is named after the function
-@pytest.mark.xfail(strict=True, reason="issue 19 new item: every op.torch output's grad_fn "
-                                       "is _FnBackward, not named after the op")
 def test_grad_fn_name():
     op = ab.bind(lambda x: np.copy(x), shape=ab.like(0), name="FooBar",
                  vjp=lambda p, ct: (ct,))
@@ -243,10 +233,7 @@ def test_no_vmap_rule_batches_sequentially():
 # ports test_has_vmap_staticmethod_and_has_generate_vmap_rule: PyTorch refuses a
 # Function with both; anybind allows a vmap rule on a traced op (which torch.vmap
 # could batch itself) and the rule decides
-@pytest.mark.parametrize("with_jvp", [
-    pytest.param(False, marks=pytest.mark.xfail(
-        strict=True, reason="issue 19 item 9: torch.vmap ignores a lone vmap rule")),
-    True])
+@pytest.mark.parametrize("with_jvp", [False, True])
 def test_vmap_rule_on_a_traced_op_is_used(with_jvp):
     calls = []
 
@@ -353,13 +340,12 @@ def test_none_returns():
 
 # ports test_none_returns, its outputs left unbatched: declared unbatched
 # (out_batched=False), they leave torch.vmap with out_dims=None, as under jax.vmap
-@pytest.mark.xfail(strict=True, reason="issue 19 item 10: declared-unbatched outputs cannot "
-                                       "leave torch.vmap with out_dims=None")
 def test_none_returns_leave_vmap_unbatched():
     zeros = ab.bind(lambda x: np.zeros(x.shape), shape=ab.like(0), name="none_zeros_declared")
     zeros.def_vmap(lambda n, ib, x: (np.zeros(x.shape[1:]), False), out_batched=False)
     x = torch.randn(2, 3, dtype=torch.float64)
-    torch.testing.assert_close(torch.vmap(zeros.torch, out_dims=None)(x), torch.zeros(3))
+    torch.testing.assert_close(torch.vmap(zeros.torch, out_dims=None)(x),
+                               torch.zeros(3, dtype=torch.float64))
 
 
 # ports test_should_have_two_returns: a rule that returns something other than
@@ -378,11 +364,7 @@ def test_should_have_two_returns(returns):
 
 # ports test_incompatible_out_dims_error_msg: out_batched not structured like the
 # output is an error naming out_batched
-@pytest.mark.parametrize("output", [
-    pytest.param("tensor", marks=pytest.mark.xfail(
-        strict=True, reason="issue 19 item 12: a wrong out_batched structure is reported as "
-                            "a shape mismatch")),
-    "list"])
+@pytest.mark.parametrize("output", ["tensor", "list"])
 def test_incompatible_out_dims_error_msg(output):
     def rule(axis_size, in_batched, x):
         r = np.zeros(x.shape[1:])
@@ -391,7 +373,8 @@ def test_incompatible_out_dims_error_msg(output):
     wrap = (lambda r: r) if output == "tensor" else (lambda r: [r])
     op = ab.bind(lambda x: wrap(np.zeros(x.shape)), shape=lambda x: wrap(x), vmap=rule,
                  name=f"incompatible_{output}")
-    with pytest.raises(Exception, match=r"incompatible_.*out_batched"):
+    with pytest.raises(Exception, match=r"incompatible_.*vmap rule returned out_batched of "
+                                        r"structure"):
         torch.vmap(op.torch)(torch.randn(2, 3, dtype=torch.float64))
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.autograd.forward_ad as fwAD
+from torch._functorch import eager_transforms as _eager
 
 from ..core._errors import MissingRuleError
 from ..core._spec import Batch, Call
@@ -69,11 +71,43 @@ def _checked(node: Node, role: str, name: str, run, ops, avals) -> list:
     return outs
 
 
+def _vjp_of(f, primals, cts) -> list:
+    """∂f(x)ᵀ·ȳ (JAX convention) by torch's vjp, whose cotangents are conjugated."""
+    _, pullback = torch.func.vjp(lambda *v: tuple(f(*v)), *primals)
+    return [_conj(c) for c in pullback(tuple(_conj(c) for c in cts))]
+
+
 def _transpose_of(f, avals, cts) -> list:
     """Aᵀ·ȳ for a linear f (JAX convention), by torch's vjp at zero."""
-    zeros = [_zeros(a) for a in avals]
-    _, pullback = torch.func.vjp(lambda *v: tuple(f(*v)), *zeros)
-    return [_conj(c) for c in pullback(tuple(_conj(c) for c in cts))]
+    return _vjp_of(f, [_zeros(a) for a in avals], cts)
+
+
+def _jvp_of(f, primals, ts) -> list:
+    """∂f(x)·ẋ by torch's forward AD: torch.func.jvp, or under plain forward AD
+    (dual tensors), where torch.func.jvp cannot open a level, duals at its level."""
+    level = fwAD._current_level
+    if level < 0 or _eager.JVP_NESTING > 0:
+        return list(torch.func.jvp(lambda *v: tuple(f(*v)), tuple(primals), tuple(ts))[1])
+    outs = f(*[fwAD.make_dual(p, t, level=level) for p, t in zip(primals, ts)])
+    tans = [fwAD.unpack_dual(o, level=level).tangent for o in outs]
+    return [torch.zeros_like(o) if t is None else t for o, t in zip(outs, tans)]
+
+
+def _function_of(node: Node, xs, ks, chosen):
+    """The traced function as one of the inputs ``chosen``, the others held at xs;
+    its floating outputs (an op with a vmap rule and no derivative rules, which torch
+    differentiates itself)."""
+    call = node.call
+    f = _primal.primal(call, call.op.fn, TXP)
+    idx = [i for i, k in enumerate(chosen) if k]
+
+    def g(*v):
+        full = list(xs)
+        for i, x in zip(idx, v):
+            full[i] = x
+        outs = traced(call, "function", f, [*full, *ks])
+        return [o for o, fl in zip(outs, call.float_out) if fl]
+    return g, [xs[i] for i in idx]
 
 
 # ------------------------------------------------------------------- backward
@@ -168,6 +202,12 @@ def _primal_vjp(node: Node, xs, ks, rs, cts, ct_lin, need) -> list:
         full = [next(it) if p else _zeros(a) for p, a, f in
                 zip(ct_lin, call.out_avals, call.float_out) if f]
         return _transpose_of(lambda *ts: run(*xs, *ks, *ts), avals, full)
+    if op.traced:  # no derivative rule: torch's vjp of the function
+        g, primals = _function_of(node, xs, ks, need)
+        it = iter(cts)
+        full = [next(it) if p else _zeros(a) for p, a, f in
+                zip(ct_lin, call.out_avals, call.float_out) if f]
+        return _vjp_of(g, primals, full)
     raise MissingRuleError(missing_rule_message("vjp", op))
 
 
@@ -293,6 +333,9 @@ def _primal_jvp(node: Node, xs, ks, rs, ts, present) -> list:
     if vr is not None and vr.traced and not uses_residuals(call):
         run = _vjp.vjp(call, vr.fn, call.float_out, present, TXP, (), vr.symbolic_zeros)
         return _transpose_of(lambda *cts: run(*xs, *ks, *cts), avals, ts)
+    if op.traced:  # no derivative rule: torch's jvp of the function
+        g, primals = _function_of(node, xs, ks, present)
+        return _jvp_of(g, primals, ts)
     raise MissingRuleError(missing_rule_message("jvp", op))
 
 
@@ -369,7 +412,8 @@ def _merge(x, dim, before: bool, size: int, old: int | None):
 
 
 def batch(node: Node, size: int, in_dims, ops: list):
-    """``_Fn.vmap``: the batched node on the merged operands; outputs batched at 0."""
+    """``_Fn.vmap``: the batched node on the merged operands; outputs batched at 0,
+    but those the vmap rule leaves unbatched (out_batched), which leave unbatched."""
     old = None if node.batch is None else node.batch.size
     before = (False,) * len(ops) if node.batch is None else node.batch.mask
     merged = [_merge(o, d, b, size, old) for o, d, b in zip(ops, in_dims, before)]
@@ -378,4 +422,8 @@ def batch(node: Node, size: int, in_dims, ops: list):
     outs = apply(new, [o for o, _ in merged])
     if old is not None:
         outs = [o.reshape(size, old, *o.shape[1:]) for o in outs]
-    return tuple(outs), (0,) * len(outs)
+    flags = new.out_batched()
+    if flags is None:
+        return tuple(outs), (0,) * len(outs)
+    return (tuple(o if f else o[0] for o, f in zip(outs, flags)),
+            tuple(0 if f else None for f in flags))
