@@ -27,8 +27,8 @@ from its function on purpose, ScaleGradGenVmap and ZeroGradientsGenVmap, fails
 them both ways). Where the entry itself refuses (NumpyCubeNotComposable: no
 forward AD, first derivatives only) anybind raises naming the rule (``RAISES``).
 Sample shapes are those of the db's ``sample_inputs_*``. ScaleGradGenVmap and
-ZeroGradientsGenVmap return their inputs as-is, which op.torch cannot
-differentiate yet (issue 19 item 8); their ``_copy`` twins (1·x) check the rules.
+ZeroGradientsGenVmap return their inputs as-is (op.torch hands autograd a copy);
+their ``_copy`` twins (1·x) check the same rules on a function that computes.
 """
 from __future__ import annotations
 
@@ -279,8 +279,8 @@ zero_grads_gv = ab.bind(lambda x, y: (x, y), traced=True, name="ZeroGradientsGen
 zero_grads_gv.def_vjp(lambda p, ct: (0 * ct[0], 0 * ct[1]), traced=True)
 zero_grads_gv.def_jvp(lambda p, t: (0 * t[0], 0 * t[1]), traced=True)
 
-# The same two with a function that copies (x.clone()'s 1·x): as ported above they
-# return their inputs as-is, which op.torch cannot differentiate yet (issue 19 item 8)
+# The same two with a function that computes its copy (x.clone() as 1·x), where the
+# ports above return their inputs as-is
 scale_grad_copy = ab.bind(lambda x: 1 * x, traced=True, name="ScaleGradGenVmap_copy")
 scale_grad_copy.def_jvp(scale_grad_gv.jvp_rule.fn, traced=True)
 scale_grad_copy.def_vjp(scale_grad_gv.vjp_rule.fn, traced=True)
@@ -557,8 +557,20 @@ def check_gradcheck_forward_ad(f, e, rng):
                     check_backward_ad=False, check_undefined_grad=False)
 
 
+def check_gradcheck_batched_forward_grad(f, e, rng):
+    """gradcheck's vmap over forward AD's tangents (torch's prototype vmap)."""
+    return _verdict(torch.autograd.gradcheck, f, e, rng, check_forward_ad=True,
+                    check_backward_ad=False, check_undefined_grad=False,
+                    check_batched_forward_grad=True)
+
+
 def check_gradgradcheck(f, e, rng):
     return _verdict(torch.autograd.gradgradcheck, f, e, rng)
+
+
+def check_gradgradcheck_batched_grad(f, e, rng):
+    """gradgradcheck's vmap over the double backward (torch's prototype vmap)."""
+    return _verdict(torch.autograd.gradgradcheck, f, e, rng, check_batched_grad=True)
 
 
 def check_gradgradcheck_fwd_over_rev(f, e, rng):
@@ -573,21 +585,9 @@ CHECKS = {name[len("check_"):]: fn for name, fn in dict(globals()).items()
 # ------------------------------------------------------------------ the table
 
 # Checks that run forward-mode AD outside torch.func (dual tensors): where a traced
-# rule calls its own op this recursed (issue 19 item 7), hence the tighter timeout.
-PLAIN_FORWARD_AD = ("dual_tensors", "gradcheck_forward_ad", "gradgradcheck_fwd_over_rev")
-SELF_CALLING = ("NumpyCube", "NumpyExpMarkDirty", "NumpySort", "CubeGenVmap", "SortGenVmap")
-READS_PRIMAL = ("NumpyMul", "MulGenVmap")
-RETURNS_INPUT = ("ScaleGradGenVmap", "ZeroGradientsGenVmap")
-# ops whose backward runs host code (a host rule, or a traced rule calling a host op)
-HOST_BACKWARD = ("NumpyCube", "NumpyExpMarkDirty", "NumpyMul", "NumpyCubeNotComposable",
-                 "NumpySort", "NumpyTake", "Select", "SortGenVmap", "ForwardHasDefaultArgs")
-
-ITEM7_SELF = "issue 19 item 7: plain forward AD, a traced rule calling its own op recurses"
-ITEM7_PRIMAL = ("issue 19 item 7: plain forward AD, a traced rule reading a primal sets a "
-                "forward grad that has one")
-ITEM8 = "issue 19 item 8: a traced function returning its input as-is cannot be differentiated"
-NEW_PROTOTYPE_VMAP = ("issue 19 new item: gradcheck's batched grad (torch._vmap_internals) "
-                      "hands a prototype BatchedTensor to host code (.numpy() fails)")
+# rule calls its own op, a defect there recurses, hence the tighter timeout.
+PLAIN_FORWARD_AD = ("dual_tensors", "gradcheck_forward_ad", "gradcheck_batched_forward_grad",
+                    "gradgradcheck_fwd_over_rev")
 
 # NumpyCubeNotComposable has a host vjp rule only (the entry's once_differentiable
 # backward): anybind raises, naming the rule, where the entry has no forward AD
@@ -600,32 +600,16 @@ RAISES = {("NumpyCubeNotComposable", c): m for c, m in [
     ("jvp", NO_JVP), ("vmapjvpall", NO_JVP), ("jvpvjp", NO_JVP), ("jacfwd", NO_JVP),
     ("hessian", NO_JVP), ("dual_tensors", NO_JVP), ("gradcheck_forward_ad", NO_JVP),
     ("gradgradcheck_fwd_over_rev", NO_JVP), ("vmapjvpvjp", NO_JVP),
+    ("gradcheck_batched_forward_grad", NO_JVP),
     ("vjpvjp", HOST_VJP_TWICE), ("vmapvjpvjp", HOST_VJP_TWICE),
-    ("double_backward", HOST_VJP_TWICE), ("gradgradcheck", HOST_VJP_TWICE)]}
-
-
-def _xfail(entry: str, check: str) -> str | None:
-    # (reverse mode under an outer vmap records the batched node, whose output is fresh)
-    if entry in RETURNS_INPUT and check not in ("vmap_exhaustive", "vmapvjp", "vmapvjpvjp"):
-        return ITEM8
-    if (entry, check) in RAISES:
-        return None
-    if check in PLAIN_FORWARD_AD and entry in SELF_CALLING:
-        return ITEM7_SELF
-    if check in PLAIN_FORWARD_AD and entry in READS_PRIMAL:
-        return ITEM7_PRIMAL
-    if check == "gradcheck_batched_grad" and entry in HOST_BACKWARD:
-        return NEW_PROTOTYPE_VMAP
-    return None
+    ("double_backward", HOST_VJP_TWICE), ("gradgradcheck", HOST_VJP_TWICE),
+    ("gradgradcheck_batched_grad", HOST_VJP_TWICE)]}
 
 
 def _cells():
     for entry in DB:
         for check in CHECKS:
             marks = [pytest.mark.timeout(60)] if check in PLAIN_FORWARD_AD else []
-            reason = _xfail(entry, check)
-            if reason is not None:
-                marks.append(pytest.mark.xfail(strict=True, reason=reason))
             yield pytest.param(entry, check, marks=marks, id=f"{entry}-{check}")
 
 
@@ -640,8 +624,9 @@ def _close(got, want):
 # test_vmapvjp, test_jvp, test_vmapjvpall, test_vjpvjp, test_jvpvjp, test_vjpvmap,
 # test_vmapvjpvjp, test_vmapjvpvjp), test_vmap.py
 # (test_vmap_exhaustive), and jacrev, jacfwd, hessian, double backward, dual
-# tensors, gradcheck (backward, batched, forward AD) and gradgradcheck (reverse over
-# reverse, forward over reverse); the op against its plain torch reference
+# tensors, gradcheck (backward, batched, forward AD, batched forward AD) and
+# gradgradcheck (reverse over reverse, batched, forward over reverse); the op against
+# its plain torch reference
 @pytest.mark.parametrize("entry,check", list(_cells()))
 def test_autograd_function_db(entry, check):
     e, run = DB[entry], CHECKS[check]

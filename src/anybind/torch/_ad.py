@@ -34,6 +34,7 @@ from ..core._errors import MissingRuleError
 from ..core._spec import Batch, Call
 from ..core.roles import missing_rule_message, uses_residuals
 from ..core.roles import _jvp, _primal, _transpose as _transposes, _vjp
+from . import _front
 from ._front import TXP, Node, apply, check_outputs, torch_dtype, traced
 
 
@@ -427,3 +428,28 @@ def batch(node: Node, size: int, in_dims, ops: list):
         return tuple(outs), (0,) * len(outs)
     return (tuple(o if f else o[0] for o, f in zip(outs, flags)),
             tuple(0 if f else None for f in flags))
+
+
+def legacy_batch(node: Node, ops: list) -> list:
+    """The node on BatchedTensors of torch's older vmap (``torch._vmap_internals``, which
+    gradcheck's ``check_batched_grad`` and ``check_batched_forward_grad`` use): ``batch``
+    on the physical tensors of the innermost level that batches an operand, as
+    ``_Fn.vmap`` does under torch.vmap, so that host code never sees a BatchedTensor."""
+    top = torch._C._vmapmode_increment_nesting() - 1  # the current nesting
+    torch._C._vmapmode_decrement_nesting()
+    for level in range(top, 0, -1):
+        # torch._remove_batch_dim moves a batched operand's axis to 0, and expands
+        # another to the batch size it is given: 0 tells them apart
+        phys = [torch._remove_batch_dim(t, level, 0, 0) if _front._is_legacy_batched(t)
+                else t.unsqueeze(0)[:0] for t in ops]
+        in_dims = [0 if p.shape[0] else None for p in phys]
+        if any(d is not None for d in in_dims):
+            break
+    else:
+        raise RuntimeError(f"anybind op '{node.call.op.name}': an operand of its {node.name} "
+                           f"is batched by torch._vmap_internals at no level that is active")
+    size = next(p.shape[0] for p, d in zip(phys, in_dims) if d is not None)
+    outs, out_dims = batch(node, size, in_dims,
+                           [p if d is not None else t for p, d, t in zip(phys, in_dims, ops)])
+    return [o if d is None else torch._add_batch_dim(o, d, level)
+            for o, d in zip(outs, out_dims)]

@@ -187,7 +187,12 @@ class Node:
         if self.rule.traced:
             with torch.no_grad():
                 return self.run_traced(ops)
-        ins = [_np_view(t) for t in ops]
+        try:
+            ins = [_np_view(t) for t in ops]
+        except RuntimeError:
+            if any(_is_legacy_batched(t) for t in ops):  # gradcheck's check_batched_grad
+                return AD.legacy_batch(self, list(ops))
+            raise
         try:
             if self.batch is None:
                 outs = self._run_unbatched(ins)
@@ -372,7 +377,7 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def forward(node: Node, *ops):
-        return _fresh(run_node(node, ops), ops)
+        return tuple(_fresh(run_node(node, ops), ops))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -414,23 +419,27 @@ class _Fn(torch.autograd.Function):
 
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor  # torch._vmap_internals'
 
 
-def _fresh(outs: list, ops) -> tuple:
-    """The outputs, an input returned as-is (a traced identity) or twice copied.
+def _fresh(outs: list, ops) -> list:
+    """The outputs, those that share memory with an input or an earlier output copied.
 
-    autograd refuses to save for backward an input that a Function returns
-    unchanged; a copy is what the JAX op's output buffer would be. (A view,
-    ``view_as``, would not do: forward AD refuses views of dual inputs.)
+    A traced function may return an input as-is or a view of it (x, x[i]); the
+    JAX op's output buffers never alias, and torch restricts what an
+    ``autograd.Function`` or a custom op returning one may do (it refuses to save
+    an input returned as-is; forward AD wants the tangent of a view to be a view
+    of the input's tangent; a custom op's outputs may alias nothing).
     """
-    seen = {id(o) for o in ops}
     res = []
     for o in outs:
-        if id(o) in seen:
+        if any(_is_alias_of(o, t) for t in ops) or any(_is_alias_of(o, r) for r in res):
             o = o.clone()
-        seen.add(id(o))
         res.append(o)
-    return tuple(res)
+    return res
+
+
+_is_alias_of = torch._C._is_alias_of  # shares storage (False where a tensor has none)
 
 
 def _engine_needs(ctx, needs) -> list:
@@ -469,24 +478,17 @@ def _unwrapped(ts):
     dual = torch.autograd.forward_ad._current_level
     if dual < 0:
         return list(ts)
-    return [t if t is None else torch._VF._unpack_dual(t, level=dual)[0] for t in ts]
+    # (a BatchedTensor of torch._vmap_internals, gradcheck's batched tangent, has no
+    # tangent of its own and cannot be unpacked)
+    return [t if t is None or _is_legacy_batched(t) else
+            torch._VF._unpack_dual(t, level=dual)[0] for t in ts]
 
 
 # --------------------------------------------------------------- torch.compile
 
 @torch.library.custom_op("anybind::run", mutates_args=())
 def _run_op(nid: int, ops: list[torch.Tensor]) -> list[torch.Tensor]:
-    # a custom op's outputs may alias neither its inputs nor each other; a traced
-    # rule's may (x itself, x[i]): those are copied
-    outs = _NODES[nid].run(ops)
-    seen = {t.untyped_storage().data_ptr() for t in ops}
-    for j, o in enumerate(outs):
-        ptr = o.untyped_storage().data_ptr()
-        if ptr in seen:
-            outs[j] = o = o.clone()
-            ptr = o.untyped_storage().data_ptr()
-        seen.add(ptr)
-    return outs
+    return _fresh(_NODES[nid].run(ops), ops)
 
 
 @_run_op.register_fake
