@@ -493,6 +493,18 @@ def check_vmap_exhaustive(f, e, rng):
     return results
 
 
+def check_gradvmapjacfwd(f, e, rng):
+    """grad of the sum of vmap of Σ jacfwd(0.7·f): the outer grad's tangents that
+    nobody set reach the op's forward mode as torch's ZeroTensors (no data to view)."""
+    g, xs = _batched_diff(f, e, rng)
+    argnums = tuple(range(len(xs)))
+
+    def jac_sum(*a):
+        jac = F.jacfwd(lambda *u: tuple(0.7 * o for o in g(*u)), argnums=argnums)(*a)
+        return sum(j.sum() for j in jax.tree.leaves(jac))
+    return F.grad(lambda *v: F.vmap(jac_sum)(*v).sum(), argnums=argnums)(*xs)
+
+
 def check_jacrev(f, e, rng):
     """torch.func.jacrev in every differentiated argument."""
     g, xs = _diff_fn(f, e.sample(rng), e.diff)
@@ -600,7 +612,7 @@ RAISES = {("NumpyCubeNotComposable", c): m for c, m in [
     ("jvp", NO_JVP), ("vmapjvpall", NO_JVP), ("jvpvjp", NO_JVP), ("jacfwd", NO_JVP),
     ("hessian", NO_JVP), ("dual_tensors", NO_JVP), ("gradcheck_forward_ad", NO_JVP),
     ("gradgradcheck_fwd_over_rev", NO_JVP), ("vmapjvpvjp", NO_JVP),
-    ("gradcheck_batched_forward_grad", NO_JVP),
+    ("gradcheck_batched_forward_grad", NO_JVP), ("gradvmapjacfwd", NO_JVP),
     ("vjpvjp", HOST_VJP_TWICE), ("vmapvjpvjp", HOST_VJP_TWICE),
     ("double_backward", HOST_VJP_TWICE), ("gradgradcheck", HOST_VJP_TWICE),
     ("gradgradcheck_batched_grad", HOST_VJP_TWICE)]}
@@ -623,7 +635,8 @@ def _close(got, want):
 # ports autograd_function_db × functorch's test_ops.py (test_vjp, test_grad,
 # test_vmapvjp, test_jvp, test_vmapjvpall, test_vjpvjp, test_jvpvjp, test_vjpvmap,
 # test_vmapvjpvjp, test_vmapjvpvjp), test_vmap.py
-# (test_vmap_exhaustive), and jacrev, jacfwd, hessian, double backward, dual
+# (test_vmap_exhaustive), and grad of vmap of jacfwd, jacrev, jacfwd, hessian, double
+# backward, dual
 # tensors, gradcheck (backward, batched, forward AD, batched forward AD) and
 # gradgradcheck (reverse over reverse, batched, forward over reverse); the op against
 # its plain torch reference

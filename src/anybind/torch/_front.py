@@ -303,6 +303,10 @@ def _np_view(t: torch.Tensor) -> np.ndarray:
     """A read-only NumPy view of a CPU tensor (a copy only for other devices)."""
     if t.requires_grad:
         t = t.detach()
+    if t._is_zerotensor():  # forward AD's symbolic zeros (a tangent nobody set) have no data
+        v = np.zeros(tuple(t.shape), _TORCH_TO_NP[t.dtype])
+        v.flags.writeable = False
+        return v
     if not t.is_cpu:
         t = t.cpu()
     if t.is_conj() or t.is_neg():
