@@ -49,6 +49,24 @@ def test_first_order(name):
     check_torch_first_order(f, args)
 
 
+# forward AD with dual tensors (torch.autograd.forward_ad), outside torch.func: the
+# rules, host or traced, see plain primals, and the tangents are torch.func.jvp's
+@pytest.mark.parametrize("name", TORCH_CASES)
+def test_dual_tensors_match_func_jvp(name):
+    import torch.autograd.forward_ad as fwAD
+    f, args = _case_fn(TORCH_CASES[name], "vectorized")
+    is_float = lambda t: t.is_floating_point() or t.is_complex()
+    full = jax.tree.map(lambda t, d: torch.zeros_like(t) if d is None else d, args,
+                        torch_randn_like(args, 3), is_leaf=lambda x: x is None)
+    want = torch.func.jvp(f, args, full)[1]
+    with fwAD.dual_level():
+        duals = jax.tree.map(lambda t, d: fwAD.make_dual(t, d) if is_float(t) else t,
+                             args, full)
+        got = [fwAD.unpack_dual(o).tangent for o in _floats(f(*duals))]
+    for g, w in zip(got, _floats(want), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("mode", VMAP_MODES)
 @pytest.mark.parametrize("name", TORCH_CASES)
 def test_vmap_matches_loop(name, mode):

@@ -250,6 +250,34 @@ def test_vmap_rule_on_a_traced_op_is_used(with_jvp):
     assert calls == [3]
 
 
+# the same op, its vmap rule its only rule: torch differentiates the traced function
+# (grad, jacfwd, dual tensors, gradcheck), under vmap too, where the rule runs
+def test_traced_op_with_only_a_vmap_rule_is_differentiated_by_torch():
+    calls = []
+
+    def rule(axis_size, in_batched, x):
+        calls.append(axis_size)
+        return (x**3, 3 * x**2), True
+
+    op = ab.bind(lambda x: (x**3, 3 * x**2), traced=True, name="cube_traced_lone_rule")
+    op.def_vmap(rule, traced=True)
+    x = torch.from_numpy(np.linspace(-1, 1, 3))
+    s = lambda v: sum(o.sum() for o in op.torch(v))
+    torch.testing.assert_close(F.grad(s)(x), 3 * x**2 + 6 * x)
+    torch.testing.assert_close(F.grad(lambda v: torch.vmap(op.torch)(v)[0].sum())(x), 3 * x**2)
+    torch.testing.assert_close(F.jacfwd(lambda v: torch.vmap(op.torch)(v)[1])(x),
+                               torch.diag(6 * x))
+    assert calls == [3, 3]
+    torch.testing.assert_close(F.hessian(s)(x), torch.diag(6 * x + 6))
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(op.torch(fwAD.make_dual(x, torch.ones_like(x)))[0]).tangent
+    torch.testing.assert_close(tangent, 3 * x**2)
+    a = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(op.torch, (a,), check_forward_ad=True,
+                                    check_batched_grad=True)
+    assert torch.autograd.gradgradcheck(op.torch, (a,), check_fwd_over_rev=True)
+
+
 # ports test_info_object: the rule gets the batch size (anybind's rules get no
 # randomness flag: vmap's randomness setting does not change what they see)
 @pytest.mark.parametrize("randomness", ["error", "different", "same"])

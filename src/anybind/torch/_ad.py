@@ -8,7 +8,8 @@ boundary, see ``_front``):
 role        backward: ȳ ↦ x̄                               jvp: ẋ ↦ ẏ
 ==========  ===========================================  ==============================
 primal      vjp/bwd rule; else the transpose of a        jvp rule; else the transpose
-            traced jvp rule (``torch.func.vjp``)          of a traced vjp rule
+            traced jvp rule (``torch.func.vjp``); else   of a traced vjp rule; else
+            torch's vjp of a traced function             torch's, of a traced function
 linear op   transpose rule (or torch's, traced fn)        f(ẋ)
 jvp         in ẋ: the vjp node (its transpose)            in ẋ: itself
 vjp         in ȳ: the jvp node                            in ȳ: itself
@@ -21,6 +22,8 @@ inline on torch tensors, so torch differentiates them to every order.
 Zeros: an absent tangent or cotangent is ``None`` and is left out of the
 operands (recorded in ``lin``); a result nobody needs is ``None``.
 A batched node's derivatives are ``torch.vmap`` of the unbatched node's.
+(A traced function with no derivative rule runs inline, torch differentiating it,
+unless it has a vmap rule: then it is a node, whose derivatives are torch's.)
 """
 from __future__ import annotations
 
@@ -34,8 +37,7 @@ from ..core._errors import MissingRuleError
 from ..core._spec import Batch, Call
 from ..core.roles import missing_rule_message, uses_residuals
 from ..core.roles import _jvp, _primal, _transpose as _transposes, _vjp
-from . import _front
-from ._front import TXP, Node, apply, check_outputs, torch_dtype, traced
+from ._front import TXP, Node, _is_legacy_batched, apply, check_outputs, torch_dtype, traced
 
 
 def _conj(t):
@@ -87,7 +89,7 @@ def _jvp_of(f, primals, ts) -> list:
     """∂f(x)·ẋ by torch's forward AD: torch.func.jvp, or under plain forward AD
     (dual tensors), where torch.func.jvp cannot open a level, duals at its level."""
     level = fwAD._current_level
-    if level < 0 or _eager.JVP_NESTING > 0:
+    if level < 0 or _eager.JVP_NESTING > 0:  # (torch.func.jvp's own count of its levels)
         return list(torch.func.jvp(lambda *v: tuple(f(*v)), tuple(primals), tuple(ts))[1])
     outs = f(*[fwAD.make_dual(p, t, level=level) for p, t in zip(primals, ts)])
     tans = [fwAD.unpack_dual(o, level=level).tangent for o in outs]
@@ -440,7 +442,7 @@ def legacy_batch(node: Node, ops: list) -> list:
     for level in range(top, 0, -1):
         # torch._remove_batch_dim moves a batched operand's axis to 0, and expands
         # another to the batch size it is given: 0 tells them apart
-        phys = [torch._remove_batch_dim(t, level, 0, 0) if _front._is_legacy_batched(t)
+        phys = [torch._remove_batch_dim(t, level, 0, 0) if _is_legacy_batched(t)
                 else t.unsqueeze(0)[:0] for t in ops]
         in_dims = [0 if p.shape[0] else None for p in phys]
         if any(d is not None for d in in_dims):

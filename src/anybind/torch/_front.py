@@ -381,7 +381,8 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def forward(node: Node, *ops):
-        return tuple(_fresh(run_node(node, ops), ops))
+        outs = run_node(node, ops)
+        return tuple(_fresh(outs, ops) if node.rule.traced else outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -423,11 +424,14 @@ class _Fn(torch.autograd.Function):
 
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor  # torch._vmap_internals'
+# a BatchedTensor of torch's older vmap, torch._vmap_internals (gradcheck's batched checks)
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+_is_alias_of = torch._C._is_alias_of  # shares storage (False where a tensor has none)
 
 
 def _fresh(outs: list, ops) -> list:
-    """The outputs, those that share memory with an input or an earlier output copied.
+    """A traced rule's outputs, those that share memory with an input or an earlier
+    output copied (host code's outputs are fresh already).
 
     A traced function may return an input as-is or a view of it (x, x[i]); the
     JAX op's output buffers never alias, and torch restricts what an
@@ -441,9 +445,6 @@ def _fresh(outs: list, ops) -> list:
             o = o.clone()
         res.append(o)
     return res
-
-
-_is_alias_of = torch._C._is_alias_of  # shares storage (False where a tensor has none)
 
 
 def _engine_needs(ctx, needs) -> list:
@@ -492,7 +493,9 @@ def _unwrapped(ts):
 
 @torch.library.custom_op("anybind::run", mutates_args=())
 def _run_op(nid: int, ops: list[torch.Tensor]) -> list[torch.Tensor]:
-    return _fresh(_NODES[nid].run(ops), ops)
+    node = _NODES[nid]
+    outs = node.run(ops)
+    return _fresh(outs, ops) if node.rule.traced else outs
 
 
 @_run_op.register_fake
@@ -528,7 +531,6 @@ class TorchOp:
 
     def __repr__(self) -> str:
         return f"<torch front end of {self.op!r}>"
-
 
     def function(self, role: str) -> type:
         """The op's ``_Fn`` for nodes of this role, named after both, so that autograd's
