@@ -7,6 +7,7 @@ conjugate pairing); vmap against a loop; higher orders of the sin/cos pair
 (traced rules calling each other) against torch's own sin and cos.
 """
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -46,6 +47,24 @@ def test_values_match_reference(name, mode):
 def test_first_order(name):
     f, args = _case_fn(TORCH_CASES[name], "vectorized")
     check_torch_first_order(f, args)
+
+
+# forward AD with dual tensors (torch.autograd.forward_ad), outside torch.func: the
+# rules, host or traced, see plain primals, and the tangents are torch.func.jvp's
+@pytest.mark.parametrize("name", TORCH_CASES)
+def test_dual_tensors_match_func_jvp(name):
+    import torch.autograd.forward_ad as fwAD
+    f, args = _case_fn(TORCH_CASES[name], "vectorized")
+    is_float = lambda t: t.is_floating_point() or t.is_complex()
+    full = jax.tree.map(lambda t, d: torch.zeros_like(t) if d is None else d, args,
+                        torch_randn_like(args, 3), is_leaf=lambda x: x is None)
+    want = torch.func.jvp(f, args, full)[1]
+    with fwAD.dual_level():
+        duals = jax.tree.map(lambda t, d: fwAD.make_dual(t, d) if is_float(t) else t,
+                             args, full)
+        got = [fwAD.unpack_dual(o).tangent for o in _floats(f(*duals))]
+    for g, w in zip(got, _floats(want), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("mode", VMAP_MODES)
@@ -93,6 +112,50 @@ def test_derivatives_of_vmap_and_vmap_of_derivatives(name, mode):
         torch.func.jacfwd(s, argnums=argnums)(*args)
     for p, q in zip(_floats(rev), _floats(fwd), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+ONE_ARGUMENT = [n for n, c in TORCH_CASES.items() if len(c.args()) == 1]
+
+
+def _summed_jacobian(jacfwd, fn, floats, cast):
+    """v ↦ Σ jacfwd(u ↦ 0.7·Re f(cast(u)))(v), over the floating outputs."""
+    def s(v):
+        jac = jacfwd(lambda u: [0.7 * o.real for o in floats(fn(cast(u)))])(v)
+        return sum(j.sum() for j in jax.tree.leaves(jac))
+    return s
+
+
+# ops whose jvp rule is host code and depends on x: a second derivative raises
+HOST_SECOND_ORDER = ("sort", "tree", "scale")
+
+
+# grad of vmap of jacfwd: the tangents the outer grad leaves unset reach the op's
+# forward mode as torch's ZeroTensors, which hold no data for host code to view;
+# against JAX's grad of vmap of jacfwd of the reference (in a real input: torch's
+# jacfwd takes no complex one)
+@pytest.mark.parametrize("name", ONE_ARGUMENT)
+def test_grad_of_vmap_of_jacfwd(name):
+    case = TORCH_CASES[name]
+    f, _ = _case_fn(case, "vectorized")
+    (xs,) = case.batched_args(2)
+    cplx = any(np.iscomplexobj(x) for x in jax.tree.leaves(xs))
+    xs = jax.tree.map(np.real, xs)
+    s = _summed_jacobian(torch.func.jacfwd, f, _floats,
+                         (lambda u: u.to(torch.complex128)) if cplx else (lambda u: u))
+    run = lambda: torch.func.grad(lambda v: torch.vmap(s)(v).sum())(to_torch(xs))
+    if name in HOST_SECOND_ORDER:
+        with pytest.raises(ab.MissingRuleError, match=rf"'{name}_vectorized'.*differentiates "
+                                                      rf"its jvp rule, which is host code"):
+            run()
+        return
+    got = run()
+    s_ref = _summed_jacobian(
+        jax.jacfwd, case.reference(),
+        lambda out: [o for o in jax.tree.leaves(out) if jnp.issubdtype(o.dtype, jnp.inexact)],
+        (lambda u: u.astype(jnp.complex128)) if cplx else (lambda u: u))
+    want = jax.grad(lambda v: jax.vmap(s_ref)(v).sum())(xs)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g.numpy(), np.asarray(w), rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------------------- higher orders

@@ -77,3 +77,20 @@ def test_double_backward_through_a_compiled_region_is_torchs_limit():
     torch.testing.assert_close(g, torch.cos(a.detach()))
     with pytest.raises(RuntimeError, match="does not currently support double backward"):
         torch.autograd.grad(g.sum(), a)
+
+
+def test_traced_outputs_that_alias_an_input():
+    """A traced op returning its input as-is, or a view of it, with a rule: a library
+    op's outputs may alias nothing, so the run copies them (as XLA's buffers are)."""
+    ident = ab.bind(lambda x: x, traced=True, name="compiled_identity")
+    ident.def_vjp(lambda p, ct: (ct,), traced=True)
+    row = ab.bind(lambda x: x[0], traced=True, name="compiled_row")
+    row.def_jvp(lambda p, t: t[0][0], traced=True)
+    x = torch.from_numpy(randn((2, 3)))
+    torch.testing.assert_close(compiled(lambda v: 2 * ident.torch(v))(x), 2 * x)
+    torch.testing.assert_close(compiled(lambda v: 2 * row.torch(v))(x), 2 * x[0])
+    a = x.clone().requires_grad_()
+    compiled(lambda v: (ident.torch(v) * row.torch(v)).sum())(a).backward()
+    want = x[0].expand(2, 3).clone()
+    want[0] += x.sum(0)
+    torch.testing.assert_close(a.grad, want)

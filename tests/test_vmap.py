@@ -345,3 +345,18 @@ def test_out_batched_declaration_is_for_host_rules_and_must_match_the_output():
     op.def_vmap(lambda n, ib, x: ((x, x), True), out_batched=(True,))
     with pytest.raises(TypeError, match=r"'decl_tree'.*out_batched declaration"):
         jax.vmap(op)(randn((2, 3)))
+
+
+# a vmap rule's out_batched shaped unlike the output (one flag in a tuple for a single
+# array) is a structure error naming out_batched, not a shape mismatch; a host rule's
+# comes as a HostError (host code returned the wrong thing) whose cause is the TypeError
+@pytest.mark.parametrize("traced", [False, True])
+def test_out_batched_of_the_wrong_structure_is_named(traced):
+    op = ab.bind(lambda x: 2 * x, shape=ab.like(0), traced=traced,
+                 name=f"wrong_out_batched_{traced}")
+    op.def_vmap(lambda n, ib, x: (2 * x, (True,)), traced=traced)
+    error = TypeError if traced else ab.HostError
+    with pytest.raises(error, match=r"(?s)'wrong_out_batched_.*vmap rule returned out_batched "
+                                    r"of structure PyTreeDef\(\(\*,\)\), but PyTreeDef\(\*\) "
+                                    r"was expected"):
+        jax.block_until_ready(jax.vmap(op)(randn((2, 3))))

@@ -8,7 +8,8 @@ boundary, see ``_front``):
 role        backward: ȳ ↦ x̄                               jvp: ẋ ↦ ẏ
 ==========  ===========================================  ==============================
 primal      vjp/bwd rule; else the transpose of a        jvp rule; else the transpose
-            traced jvp rule (``torch.func.vjp``)          of a traced vjp rule
+            traced jvp rule (``torch.func.vjp``); else   of a traced vjp rule; else
+            torch's vjp of a traced function             torch's, of a traced function
 linear op   transpose rule (or torch's, traced fn)        f(ẋ)
 jvp         in ẋ: the vjp node (its transpose)            in ẋ: itself
 vjp         in ȳ: the jvp node                            in ȳ: itself
@@ -21,18 +22,22 @@ inline on torch tensors, so torch differentiates them to every order.
 Zeros: an absent tangent or cotangent is ``None`` and is left out of the
 operands (recorded in ``lin``); a result nobody needs is ``None``.
 A batched node's derivatives are ``torch.vmap`` of the unbatched node's.
+(A traced function with no derivative rule runs inline, torch differentiating it,
+unless it has a vmap rule: then it is a node, whose derivatives are torch's.)
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
+import torch.autograd.forward_ad as fwAD
+from torch._functorch import eager_transforms as _eager
 
 from ..core._errors import MissingRuleError
 from ..core._spec import Batch, Call
 from ..core.roles import missing_rule_message, uses_residuals
 from ..core.roles import _jvp, _primal, _transpose as _transposes, _vjp
-from ._front import TXP, Node, apply, check_outputs, torch_dtype, traced
+from ._front import TXP, Node, _is_legacy_batched, apply, check_outputs, torch_dtype, traced
 
 
 def _conj(t):
@@ -69,11 +74,43 @@ def _checked(node: Node, role: str, name: str, run, ops, avals) -> list:
     return outs
 
 
+def _vjp_of(f, primals, cts) -> list:
+    """∂f(x)ᵀ·ȳ (JAX convention) by torch's vjp, whose cotangents are conjugated."""
+    _, pullback = torch.func.vjp(lambda *v: tuple(f(*v)), *primals)
+    return [_conj(c) for c in pullback(tuple(_conj(c) for c in cts))]
+
+
 def _transpose_of(f, avals, cts) -> list:
     """Aᵀ·ȳ for a linear f (JAX convention), by torch's vjp at zero."""
-    zeros = [_zeros(a) for a in avals]
-    _, pullback = torch.func.vjp(lambda *v: tuple(f(*v)), *zeros)
-    return [_conj(c) for c in pullback(tuple(_conj(c) for c in cts))]
+    return _vjp_of(f, [_zeros(a) for a in avals], cts)
+
+
+def _jvp_of(f, primals, ts) -> list:
+    """∂f(x)·ẋ by torch's forward AD: torch.func.jvp, or under plain forward AD
+    (dual tensors), where torch.func.jvp cannot open a level, duals at its level."""
+    level = fwAD._current_level
+    if level < 0 or _eager.JVP_NESTING > 0:  # (torch.func.jvp's own count of its levels)
+        return list(torch.func.jvp(lambda *v: tuple(f(*v)), tuple(primals), tuple(ts))[1])
+    outs = f(*[fwAD.make_dual(p, t, level=level) for p, t in zip(primals, ts)])
+    tans = [fwAD.unpack_dual(o, level=level).tangent for o in outs]
+    return [torch.zeros_like(o) if t is None else t for o, t in zip(outs, tans)]
+
+
+def _function_of(node: Node, xs, ks, chosen):
+    """The traced function as one of the inputs ``chosen``, the others held at xs;
+    its floating outputs (an op with a vmap rule and no derivative rules, which torch
+    differentiates itself)."""
+    call = node.call
+    f = _primal.primal(call, call.op.fn, TXP)
+    idx = [i for i, k in enumerate(chosen) if k]
+
+    def g(*v):
+        full = list(xs)
+        for i, x in zip(idx, v):
+            full[i] = x
+        outs = traced(call, "function", f, [*full, *ks])
+        return [o for o, fl in zip(outs, call.float_out) if fl]
+    return g, [xs[i] for i in idx]
 
 
 # ------------------------------------------------------------------- backward
@@ -168,6 +205,12 @@ def _primal_vjp(node: Node, xs, ks, rs, cts, ct_lin, need) -> list:
         full = [next(it) if p else _zeros(a) for p, a, f in
                 zip(ct_lin, call.out_avals, call.float_out) if f]
         return _transpose_of(lambda *ts: run(*xs, *ks, *ts), avals, full)
+    if op.traced:  # no derivative rule: torch's vjp of the function
+        g, primals = _function_of(node, xs, ks, need)
+        it = iter(cts)
+        full = [next(it) if p else _zeros(a) for p, a, f in
+                zip(ct_lin, call.out_avals, call.float_out) if f]
+        return _vjp_of(g, primals, full)
     raise MissingRuleError(missing_rule_message("vjp", op))
 
 
@@ -293,6 +336,9 @@ def _primal_jvp(node: Node, xs, ks, rs, ts, present) -> list:
     if vr is not None and vr.traced and not uses_residuals(call):
         run = _vjp.vjp(call, vr.fn, call.float_out, present, TXP, (), vr.symbolic_zeros)
         return _transpose_of(lambda *cts: run(*xs, *ks, *cts), avals, ts)
+    if op.traced:  # no derivative rule: torch's jvp of the function
+        g, primals = _function_of(node, xs, ks, present)
+        return _jvp_of(g, primals, ts)
     raise MissingRuleError(missing_rule_message("jvp", op))
 
 
@@ -369,7 +415,8 @@ def _merge(x, dim, before: bool, size: int, old: int | None):
 
 
 def batch(node: Node, size: int, in_dims, ops: list):
-    """``_Fn.vmap``: the batched node on the merged operands; outputs batched at 0."""
+    """``_Fn.vmap``: the batched node on the merged operands; outputs batched at 0,
+    but those the vmap rule leaves unbatched (out_batched), which leave unbatched."""
     old = None if node.batch is None else node.batch.size
     before = (False,) * len(ops) if node.batch is None else node.batch.mask
     merged = [_merge(o, d, b, size, old) for o, d, b in zip(ops, in_dims, before)]
@@ -378,4 +425,33 @@ def batch(node: Node, size: int, in_dims, ops: list):
     outs = apply(new, [o for o, _ in merged])
     if old is not None:
         outs = [o.reshape(size, old, *o.shape[1:]) for o in outs]
-    return tuple(outs), (0,) * len(outs)
+    flags = new.out_batched()
+    if flags is None:
+        return tuple(outs), (0,) * len(outs)
+    return (tuple(o if f else o[0] for o, f in zip(outs, flags)),
+            tuple(0 if f else None for f in flags))
+
+
+def legacy_batch(node: Node, ops: list) -> list:
+    """The node on BatchedTensors of torch's older vmap (``torch._vmap_internals``, which
+    gradcheck's ``check_batched_grad`` and ``check_batched_forward_grad`` use): ``batch``
+    on the physical tensors of the innermost level that batches an operand, as
+    ``_Fn.vmap`` does under torch.vmap, so that host code never sees a BatchedTensor."""
+    top = torch._C._vmapmode_increment_nesting() - 1  # the current nesting
+    torch._C._vmapmode_decrement_nesting()
+    for level in range(top, 0, -1):
+        # torch._remove_batch_dim moves a batched operand's axis to 0, and expands
+        # another to the batch size it is given: 0 tells them apart
+        phys = [torch._remove_batch_dim(t, level, 0, 0) if _is_legacy_batched(t)
+                else t.unsqueeze(0)[:0] for t in ops]
+        in_dims = [0 if p.shape[0] else None for p in phys]
+        if any(d is not None for d in in_dims):
+            break
+    else:
+        raise RuntimeError(f"anybind op '{node.call.op.name}': an operand of its {node.name} "
+                           f"is batched by torch._vmap_internals at no level that is active")
+    size = next(p.shape[0] for p, d in zip(phys, in_dims) if d is not None)
+    outs, out_dims = batch(node, size, in_dims,
+                           [p if d is not None else t for p, d, t in zip(phys, in_dims, ops)])
+    return [o if d is None else torch._add_batch_dim(o, d, level)
+            for o, d in zip(outs, out_dims)]

@@ -15,7 +15,8 @@ piece            what it does
                  tensors (``routes._host`` runner: checks, vmap modes), or a traced
                  rule on torch tensors
 ``_Fn``          the ``torch.autograd.Function`` of every node: ``forward``,
-                 ``setup_context``, ``backward``, ``jvp``, ``vmap``
+                 ``setup_context``, ``backward``, ``jvp``, ``vmap``; one subclass
+                 per op and role, named after them (``grad_fn``: ``FooBarBackward``)
 ``_ad``          what ``backward`` and ``jvp`` compute (the JVP and transpose
                  rules of ``_derivatives``, on torch tensors)
 ``anybind::run`` the ``torch.library`` op that ``forward`` calls under ``torch.compile``,
@@ -32,6 +33,7 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import threading
 import weakref
@@ -44,6 +46,7 @@ from torch._functorch import pyfunctorch as _pyfunctorch
 from torch._subclasses.fake_tensor import is_fake as _is_fake
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from ..core import _batching, _frontends
+from ..core._batching import declared_out_batched
 from ..core._code import is_compiled
 from ..core._errors import HostError, MissingRuleError
 from ..core._jax import ShapedArray
@@ -114,6 +117,7 @@ class Node:
                 f"anybind op '{op.name}': its {role_name(role, call)} is a compiled function "
                 f"(the compiled route, through XLA's FFI); op.torch runs Python callables only")
         self.name = "vmap rule" if self.by_vmap_rule else role_name(role, call)
+        self.fn = front.function(role)
         lead = () if batch is None else (batch.size,)
         self.avals = out_avals(role, call, lin, need)
         self.names = out_names(role, call, need)
@@ -124,6 +128,7 @@ class Node:
         self.float_out = [a.dtype.kind in "fc" for a in self.avals[:len(self.avals) - n_res]] \
             + [False] * n_res
         self._runner = self._run = None
+        self._out_batched = None  # a traced vmap rule's out_batched, once it has run
         self._layouts: dict = {}
         self.plans: dict = {}  # backward plans by pattern of zeros (_ad)
         if self.rule is not None and self.rule.out:  # out=True: the runner hands out buffers
@@ -148,6 +153,17 @@ class Node:
     def n_out(self) -> int:
         return len(self.avals)
 
+    def out_batched(self) -> list[bool] | None:
+        """Which outputs of a node batched by the op's vmap rule vary over the batch;
+        None where all do (the others are broadcast over the batch). A host rule's
+        are its ``out_batched=`` declaration, a traced rule's those it returned when
+        the node ran (as JAX reads them while tracing)."""
+        if not self.by_vmap_rule:
+            return None
+        if self.rule.traced:
+            return self._out_batched
+        return declared_out_batched(self.call, self.batch)
+
     def host_runner(self):
         """``_primitive._lower``'s host runner: checks, and the batching of the rule."""
         if self._runner is None:
@@ -171,7 +187,12 @@ class Node:
         if self.rule.traced:
             with torch.no_grad():
                 return self.run_traced(ops)
-        ins = [_np_view(t) for t in ops]
+        try:
+            ins = [_np_view(t) for t in ops]
+        except RuntimeError:
+            if any(_is_legacy_batched(t) for t in ops):  # gradcheck's check_batched_grad
+                return AD.legacy_batch(self, list(ops))
+            raise
         try:
             if self.batch is None:
                 outs = self._run_unbatched(ins)
@@ -222,6 +243,7 @@ class Node:
         call = self.call
         if self.by_vmap_rule:
             leaves, flags = call_vmap_rule(call, self.rule.fn, self.batch, list(ops))
+            self._out_batched = [bool(f) for f in flags]
             outs = [l if f else _as_tensor(l).expand(self.shapes[j])
                     for j, (l, f) in enumerate(zip(leaves, flags))]
             check_outputs(call, self.name, outs, self.shapes, self.dtypes, self.names)
@@ -281,6 +303,10 @@ def _np_view(t: torch.Tensor) -> np.ndarray:
     """A read-only NumPy view of a CPU tensor (a copy only for other devices)."""
     if t.requires_grad:
         t = t.detach()
+    if t._is_zerotensor():  # forward AD's symbolic zeros (a tangent nobody set) have no data
+        v = np.zeros(tuple(t.shape), _TORCH_TO_NP[t.dtype])
+        v.flags.writeable = False
+        return v
     if not t.is_cpu:
         t = t.cpu()
     if t.is_conj() or t.is_neg():
@@ -318,7 +344,7 @@ def apply(node: Node, ops: Sequence[torch.Tensor]) -> list:
     """The node's outputs, recorded for autograd and torch.func where they look."""
     if not tracking(ops):
         return run_node(node, ops)
-    return list(_Fn.apply(node, *ops))
+    return list(node.fn.apply(node, *ops))
 
 
 def _symbolic(ops) -> bool:
@@ -355,7 +381,8 @@ class _Fn(torch.autograd.Function):
 
     @staticmethod
     def forward(node: Node, *ops):
-        return tuple(run_node(node, ops))
+        outs = run_node(node, ops)
+        return tuple(_fresh(outs, ops) if node.rule.traced else outs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -397,6 +424,27 @@ class _Fn(torch.autograd.Function):
 
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+# a BatchedTensor of torch's older vmap, torch._vmap_internals (gradcheck's batched checks)
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+_is_alias_of = torch._C._is_alias_of  # shares storage (False where a tensor has none)
+
+
+def _fresh(outs: list, ops) -> list:
+    """A traced rule's outputs, those that share memory with an input or an earlier
+    output copied (host code's outputs are fresh already).
+
+    A traced function may return an input as-is or a view of it (x, x[i]); the
+    JAX op's output buffers never alias, and torch restricts what an
+    ``autograd.Function`` or a custom op returning one may do (it refuses to save
+    an input returned as-is; forward AD wants the tangent of a view to be a view
+    of the input's tangent; a custom op's outputs may alias nothing).
+    """
+    res = []
+    for o in outs:
+        if any(_is_alias_of(o, t) for t in ops) or any(_is_alias_of(o, r) for r in res):
+            o = o.clone()
+        res.append(o)
+    return res
 
 
 def _engine_needs(ctx, needs) -> list:
@@ -417,25 +465,37 @@ def _engine_needs(ctx, needs) -> list:
 
 
 def _unwrapped(ts):
-    """The tensors without the wrapper of the current torch.func jvp level, if any.
+    """The tensors without the tangent of the running forward-mode level, if any.
 
-    torch.func runs a jvp staticmethod on primals still wrapped at its own
-    level (as duals); computing on them with forward AD on, or inside a nested
-    transform (a transposition), would ask for their tangents again.
+    torch runs a jvp staticmethod on primals that still carry their tangents:
+    wrapped at its own level under torch.func.jvp, dual tensors under plain
+    forward AD (``forward_ad.dual_level``). Computing on them with forward AD on,
+    inside a nested transform (a transposition), or calling an op on them again
+    (a traced rule calling its own op) would ask for those tangents again.
     """
     level = torch._C._functorch.maybe_current_level()
-    if level is None or _pyfunctorch.retrieve_current_functorch_interpreter().key() != \
-            torch._C._functorch.TransformType.Jvp:
+    if level is not None:
+        if _pyfunctorch.retrieve_current_functorch_interpreter().key() != \
+                torch._C._functorch.TransformType.Jvp:
+            return list(ts)
+        return [t if t is None or torch._C._functorch.maybe_get_level(t) != level
+                else torch._C._functorch._unwrap_for_grad(t, level) for t in ts]
+    dual = torch.autograd.forward_ad._current_level
+    if dual < 0:
         return list(ts)
-    return [t if t is None or torch._C._functorch.maybe_get_level(t) != level
-            else torch._C._functorch._unwrap_for_grad(t, level) for t in ts]
+    # (a BatchedTensor of torch._vmap_internals, gradcheck's batched tangent, has no
+    # tangent of its own and cannot be unpacked)
+    return [t if t is None or _is_legacy_batched(t) else
+            torch._VF._unpack_dual(t, level=dual)[0] for t in ts]
 
 
 # --------------------------------------------------------------- torch.compile
 
 @torch.library.custom_op("anybind::run", mutates_args=())
 def _run_op(nid: int, ops: list[torch.Tensor]) -> list[torch.Tensor]:
-    return _NODES[nid].run(ops)
+    node = _NODES[nid]
+    outs = node.run(ops)
+    return _fresh(outs, ops) if node.rule.traced else outs
 
 
 @_run_op.register_fake
@@ -467,10 +527,21 @@ class TorchOp:
         self.op = op
         self._cache: dict = {}
         self._nodes: dict = {}  # filled from any thread: single dict writes are atomic
+        self._functions: dict = {}  # role -> its _Fn subclass
 
     def __repr__(self) -> str:
         return f"<torch front end of {self.op!r}>"
 
+    def function(self, role: str) -> type:
+        """The op's ``_Fn`` for nodes of this role, named after both, so that autograd's
+        ``grad_fn`` names the op (``FooBarBackward``, ``FooBar_vjpBackward``)."""
+        fn = self._functions.get(role)
+        if fn is None:
+            name = re.sub(r"\W", "_", self.op.name) + ("" if role in ("primal", "fwd")
+                                                        else f"_{role}")
+            fn = self._functions.setdefault(role, type(name, (_Fn,), {
+                "__module__": _Fn.__module__, "__qualname__": name}))
+        return fn
 
     def node(self, role: str, call: Call, batch=None, lin=None, need=None) -> Node:
         key = (role, call, batch, lin, need)
@@ -498,7 +569,7 @@ class TorchOp:
         if entry is None:
             entry = self._prepare(key, xs, ks)
         call, primal, grad_node = entry
-        if primal is None:  # a traced function without rules: torch differentiates it
+        if primal is None:  # a traced function without rules: torch runs it inline
             outs = traced(call, "function", _primal.primal(call, op.fn, TXP), ops)
             check_outputs(call, "function", outs, [a.shape for a in call.out_avals],
                           [torch_dtype(op.name, a.dtype) for a in call.out_avals],
@@ -506,7 +577,7 @@ class TorchOp:
         elif not tracking(ops):
             outs = run_node(primal, ops)
         else:
-            outs = list(_Fn.apply(grad_node, *ops))[:len(call.out_avals)]
+            outs = list(grad_node.fn.apply(grad_node, *ops))[:len(call.out_avals)]
         return tree_util.tree_unflatten(call.out_tree, outs)
 
     def _prepare(self, key, xs, ks):
@@ -532,7 +603,7 @@ class TorchOp:
         with jax.enable_x64(True):  # torch's dtypes, whatever JAX's x64 setting
             call = op._make_call(args_tree, kw_tree, static, in_avals, kw_avals, static_types)
         if op.traced and op.jvp_rule is None and op.vjp_rule is None and \
-                op.transpose_rule is None and op.fwd_rule is None:
+                op.transpose_rule is None and op.fwd_rule is None and op.vmap_rule is None:
             entry = (call, None, None)
         else:
             primal = self.node("primal", call)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 from .._spec import Batch, Call, InBatched
 from ._common import check_none, flatten_outputs, simple, structure_error
 
@@ -79,13 +81,24 @@ def call_vmap_rule(call: Call, fn: Callable, batch, ops) -> tuple[list, list]:
                         f"(out, out_batched), got {type(res).__name__}")
     out, out_batched = res
     leaves = flatten_outputs(call, "vmap", out)
-    if isinstance(out_batched, bool):
-        return leaves, [out_batched] * len(leaves)
+    if isinstance(out_batched, (bool, np.bool_)):
+        return leaves, [bool(out_batched)] * len(leaves)
     try:
-        return leaves, call.out_tree.flatten_up_to(out_batched)
+        flags = call.out_tree.flatten_up_to(out_batched)
     except (ValueError, TypeError) as e:
         raise structure_error(call, "vmap", "out_batched", call.out_tree, out_batched,
                                e) from None
+    for j, f in enumerate(flags):
+        if isinstance(f, (bool, np.bool_)):
+            continue
+        if f is None or isinstance(f, (tuple, list, dict)):  # an output leaf met a container
+            raise structure_error(call, "vmap", "out_batched", call.out_tree, out_batched,
+                                  f"one bool per output leaf; got {f!r} for "
+                                  f"{call.out_name(j)}")
+        raise TypeError(f"anybind op '{call.op.name}': the vmap rule's out_batched must hold "
+                        f"Python bools (known while tracing), got {f!r} for "
+                        f"{call.out_name(j)}")
+    return leaves, flags
 
 
 def vmap_rule_inplace(call: Call, fn: Callable, batch: Batch) -> Callable:
