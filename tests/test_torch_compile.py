@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import anybind as ab
+import anybind.torch  # noqa: F401  (dynamo does not trace the front end's first import)
 from helpers import randn, to_torch
 from ops import mul, sincos, sort, tree
 
