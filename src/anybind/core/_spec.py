@@ -303,13 +303,21 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
         shape = op.shape
     if shape is None:
         if op.traced:
-            _check_signature(op, args, kwargs)
             flat_args = [*in_avals, *kw_avals]
-            out = jax.eval_shape(
-                lambda *leaves: op.fn(*args_tree.unflatten(leaves[:len(in_avals)]),
-                                      **kw_tree.unflatten(leaves[len(in_avals):]),
-                                      **dict(static)),
-                *[_sds(a) for a in flat_args])
+            try:
+                out = jax.eval_shape(
+                    lambda *leaves: op.fn(*args_tree.unflatten(leaves[:len(in_avals)]),
+                                          **kw_tree.unflatten(leaves[len(in_avals):]),
+                                          **dict(static)),
+                    *[_sds(a) for a in flat_args])
+            except TypeError as e:
+                if _takes(op.fn, args, kwargs):
+                    raise
+                fn = getattr(op.fn, "__qualname__", repr(op.fn))
+                raise TypeError(
+                    f"anybind op '{op.name}': its function {fn} does not take "
+                    f"{len(args)} positional argument(s) and the keyword(s) "
+                    f"{sorted(kwargs)}: {e}") from None
         else:
             raise TypeError(
                 f"anybind op '{op.name}': a host function needs an output spec; pass "
@@ -356,20 +364,15 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
     return out_tree, tuple(out_avals), paths
 
 
-def _check_signature(op, args, kwargs) -> None:
-    """Calling a traced op's function with arguments it does not take names the op."""
+def _takes(fn, args, kwargs) -> bool:
+    """Whether ``fn``'s signature accepts these arguments (True if it has none to read)."""
     try:
-        sig = inspect.signature(op.fn)
-    except (TypeError, ValueError):  # no signature to read (a builtin): the call will say
-        return
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as e:
-        fn = getattr(op.fn, "__qualname__", repr(op.fn))
-        raise TypeError(
-            f"anybind op '{op.name}': its function {fn} cannot be called with "
-            f"{len(args)} positional argument(s) and keyword(s) {sorted(kwargs)}: "
-            f"{e}") from None
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin)
+        return True
+    return True
 
 
 def _output_at(path) -> str:
