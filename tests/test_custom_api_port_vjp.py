@@ -966,8 +966,8 @@ def test_resolve_kwargs_error_message():
         raise AssertionError("should not be executed")
     f = custom_vjp(lambda x, y, *, z=None: (jnp.sin(x), x + jnp.cos(y)), rule)
     # anybind's error names the op as well as the missing argument
-    with pytest.raises(TypeError, match="anybind op 'f': its function .* cannot be called "
-                                        "with 1 positional argument.*missing .*'y'"):
+    with pytest.raises(TypeError, match="anybind op 'f'.*missing 1 required positional "
+                                        "argument: 'y'"):
         f(0.5)
     # JAX cannot resolve the keyword z to a position; here it is a static keyword
     assert_close(f(0.5, 0.1, z=1.0), (jnp.sin(0.5), 0.5 + jnp.cos(0.1)))
