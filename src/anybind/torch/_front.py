@@ -43,6 +43,7 @@ from jax import tree_util
 from torch._functorch import pyfunctorch as _pyfunctorch
 from torch._subclasses.fake_tensor import is_fake as _is_fake
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
+from torch.autograd.forward_ad import unpack_dual as _unpack_dual
 from ..core import _batching, _frontends
 from ..core._code import is_compiled
 from ..core._errors import HostError, MissingRuleError
@@ -124,6 +125,10 @@ class Node:
         self.float_out = [a.dtype.kind in "fc" for a in self.avals[:len(self.avals) - n_res]] \
             + [False] * n_res
         self._runner = self._run = None
+        # host code that also runs on tensors itself (a bridge's JAX code): no NumPy round trip
+        self.direct = getattr(self.rule.fn, "on_tensors", None) if (
+            role == "primal" and batch is None and self.rule is not None
+            and not self.rule.traced and not self.rule.out) else None
         self._layouts: dict = {}
         self.plans: dict = {}  # backward plans by pattern of zeros (_ad)
         if self.rule is not None and self.rule.out:  # out=True: the runner hands out buffers
@@ -171,6 +176,15 @@ class Node:
         if self.rule.traced:
             with torch.no_grad():
                 return self.run_traced(ops)
+        if self.direct is not None:
+            try:
+                return self.direct(self.call, ops)
+            except HostError:
+                raise
+            except Exception as e:
+                raise HostError(f"anybind op '{self.call.op.name}': the {self.name} raised "
+                                f"{type(e).__name__}: {e}").with_traceback(
+                                    e.__traceback__) from None
         ins = [_np_view(t) for t in ops]
         try:
             if self.batch is None:
@@ -234,18 +248,22 @@ class Node:
         return outs
 
 
+class NotTorchCode(TypeError):
+    """Traced code failed on torch tensors: it is JAX code (``jax.numpy``, ``lax``)."""
+
+
 def traced(call: Call, name: str, run: Callable, ops) -> list:
     """``run(*ops)`` for a traced rule on torch tensors, with a clear error if it is JAX code."""
     try:
         return list(run(*ops))
     except (HostError, MissingRuleError, TypeError) as e:
         if isinstance(e, TypeError) and "anybind op" not in str(e):
-            raise TypeError(_traced_message(call, name, e)) from e
+            raise NotTorchCode(_traced_message(call, name, e)) from e
         raise
     except Exception as e:
         if "anybind op" in str(e):
             raise
-        raise TypeError(_traced_message(call, name, e)) from e
+        raise NotTorchCode(_traced_message(call, name, e)) from e
 
 
 def _traced_message(call: Call, name: str, e: Exception) -> str:
@@ -259,7 +277,7 @@ def check_outputs(call: Call, name: str, outs, shapes, dtypes, names) -> None:
     """A traced rule's outputs against the expected shapes and dtypes."""
     for o, s, d, n in zip(outs, shapes, dtypes, names):
         if not isinstance(o, torch.Tensor):
-            raise TypeError(f"anybind op '{call.op.name}': under op.torch the traced {name} "
+            raise NotTorchCode(f"anybind op '{call.op.name}': under op.torch the traced {name} "
                             f"returned {type(o).__name__} for {n}; expected a torch tensor "
                             f"{d}{list(s)} (use plain array arithmetic and bound ops, not "
                             f"jax.numpy)")
@@ -421,10 +439,16 @@ def _unwrapped(ts):
 
     torch.func runs a jvp staticmethod on primals still wrapped at its own
     level (as duals); computing on them with forward AD on, or inside a nested
-    transform (a transposition), would ask for their tangents again.
+    transform (a transposition), would ask for their tangents again. Plain
+    forward AD (``torch.autograd.forward_ad``, as ``gradcheck`` uses) saves the
+    dual tensors themselves: their primals are taken.
     """
     level = torch._C._functorch.maybe_current_level()
-    if level is None or _pyfunctorch.retrieve_current_functorch_interpreter().key() != \
+    if level is None:
+        if torch.autograd.forward_ad._current_level < 0:
+            return list(ts)
+        return [t if t is None else _unpack_dual(t).primal for t in ts]
+    if _pyfunctorch.retrieve_current_functorch_interpreter().key() != \
             torch._C._functorch.TransformType.Jvp:
         return list(ts)
     return [t if t is None or torch._C._functorch.maybe_get_level(t) != level
@@ -467,6 +491,7 @@ class TorchOp:
         self.op = op
         self._cache: dict = {}
         self._nodes: dict = {}  # filled from any thread: single dict writes are atomic
+        self.bridge: TorchOp | None = None  # set once the op's code runs by JAX (see call)
 
     def __repr__(self) -> str:
         return f"<torch front end of {self.op!r}>"
@@ -485,6 +510,30 @@ class TorchOp:
         return self.call(args, kwargs)
 
     def call(self, args: tuple, kwargs: dict) -> Any:
+        """The op on torch tensors: by torch, or by JAX where its code is JAX code.
+
+        A traced op's function runs on the tensors themselves when it is written
+        with plain array arithmetic and bound ops, so torch sees every step (and
+        ``torch.compile`` can fuse it). JAX code (``jax.numpy``, ``lax``) cannot run
+        on tensors: it fails at once, before anything is returned, by raising or by
+        returning something other than tensors (``NotTorchCode``). The op then runs
+        by JAX from this call on (``_bridges.jax_bridge``: ``jax.jit`` on views of
+        the tensors, derivatives by ``jax.vjp``/``jax.jvp``, batching by
+        ``jax.vmap``). Falling back is safe because traced code is pure: JAX traces
+        it and keeps no effect of running it. ``ab.to_torch`` asks for JAX outright.
+        """
+        bridge = self.bridge
+        if bridge is not None:
+            return bridge.call(args, kwargs)
+        try:
+            return self._call(args, kwargs)
+        except NotTorchCode:
+            if not self.op.traced:
+                raise
+            self.bridge = BRIDGES.jax_bridge(self.op)
+            return self.bridge.call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         op = self.op
         operands, static = _split_kwargs(op, kwargs) if kwargs else ({}, ())
         xs, args_tree = tree_util.tree_flatten(args)
@@ -555,6 +604,9 @@ def _compiled_entry(op, *args, **kwargs):
 def torch_op(op):
     """``op.torch``: the op's ``TorchOp`` (under torch.compile, its opaque entry)."""
     if torch.compiler.is_compiling():  # dynamo must not build objects it would pass on
+        native = op.__dict__.get("_torch_front")
+        if native is not None and not isinstance(native, TorchOp):  # torch code: dynamo sees it
+            return native
         return functools.partial(_compiled_entry, op)
     return front_of(op)
 
@@ -604,3 +656,4 @@ def _dispatch(op, *args, **kwargs):
 _frontends.FRONT_ENDS[torch.Tensor] = _dispatch
 _frontends.MAKERS["torch"] = torch_op
 AD = None  # the derivatives and batching of nodes: ``_ad``, which imports this module
+BRIDGES = None  # ``_bridges``, which imports this module: JAX code run by JAX

@@ -1,0 +1,385 @@
+"""How each framework runs its own code on another's arrays, and transforms it.
+
+A bridge (``_bridges``) is an anybind op whose code is written for another
+framework. What it needs from that framework is an *engine*: how the code
+runs on NumPy views of the caller's buffers, and the framework's own jvp,
+vjp and vmap of the code, which are again code of that framework, so the
+same engine runs them and differentiates them again:
+
+=============  =====================================  =====================================
+piece          ``TORCH`` (``ab.from_torch``)           ``JAX`` (``ab.to_torch``)
+=============  =====================================  =====================================
+``host``       fn on tensors over the views (DLPack,  ``jax.jit(fn)`` on the views (no copy
+               ``torch.from_numpy``: no copy)          on the CPU), under x64
+``device``     fn on tensors over XLA's device        (none: JAX runs on its own devices)
+               buffers, on XLA's stream
+``jvp_of``     ``torch.func.jvp``                      ``jax.jvp``
+``vjp_of``     ``torch.func.vjp``, conjugated into     ``jax.vjp``
+               JAX's convention
+``vmap_rule``  ``torch.vmap``: one call per batch      ``jax.vmap``: one call per batch
+=============  =====================================  =====================================
+
+The derived functions keep one form, whatever the framework:
+
+- ``jvp(primals, tangents, **kw)``: ẏ = ∂f(x)·ẋ, a pytree like the output with
+  ``None`` at integer leaves; ``tangents`` is like ``primals`` with ``None`` at
+  integer leaves (anybind's rule convention).
+- ``vjp(primals, ct, **kw)``: x̄ = ∂f(x)ᵀ·ȳ (JAX's convention: transposed, not
+  conjugated), one pytree per positional argument with ``None`` at integer
+  leaves; ``ct`` is like the output with ``None`` at integer leaves.
+
+Zero tangents and cotangents arrive as zero arrays, never ``None``, at floating
+leaves. Every array a host function returns is a NumPy array (a view where the
+framework allows: XLA's runner copies it into its output buffer).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import torch
+from jax import tree_util
+
+from ..core._errors import HostError
+from ._front import _np_view
+
+# ----------------------------------------------------------- arrays across
+
+_BF16 = np.dtype(jax.numpy.bfloat16)
+
+
+def as_tensor(a) -> torch.Tensor:
+    """A tensor over the array's memory: no copy (read-only views through DLPack)."""
+    if type(a) is np.ndarray:
+        if a.dtype == _BF16:
+            return as_tensor(a.view(np.uint16)).view(torch.bfloat16)
+        if a.flags.writeable:
+            return torch.from_numpy(a)
+        return torch.from_dlpack(a)  # torch.from_numpy would warn about read-only memory
+    if isinstance(a, np.generic):
+        return torch.from_numpy(np.array(a))
+    return torch.from_dlpack(a)  # a device array (CuPy)
+
+
+def as_numpy(t) -> np.ndarray:
+    """A NumPy view of a CPU tensor (a copy only where torch keeps a lazy conj/neg)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def _is_float(t) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _conj(t):
+    return t.conj() if t is not None and t.is_complex() else t
+
+
+def _split_static(kw: dict) -> tuple[dict, dict]:
+    """Keyword operands (pytrees of arrays) apart from static keywords."""
+    operands, static = {}, {}
+    for k, v in kw.items():
+        leaves = tree_util.tree_leaves(v)
+        if leaves and all(isinstance(l, (np.ndarray, np.generic, jax.Array, torch.Tensor,
+                                         jax.ShapeDtypeStruct)) or hasattr(l, "__dlpack__")
+                          for l in leaves):
+            operands[k] = v
+        else:
+            static[k] = v
+    return operands, static
+
+
+def _over(tree, fn):
+    return tree_util.tree_map(fn, tree)
+
+
+# -------------------------------------------------------------------- torch
+
+class TorchHost:
+    """A torch function as host code: tensors over NumPy views, NumPy arrays out.
+
+    Inputs are XLA's buffers: the function must not write into them. A tensor
+    whose version counter moved (an in-place update, such as a BatchNorm's
+    running statistics in training mode) is reported as an error.
+    """
+
+    def __init__(self, fn: Callable, name: str):
+        self.fn, self.__name__ = fn, name
+
+    def __repr__(self) -> str:
+        return f"<torch code of {self.__name__}>"
+
+    def __call__(self, *args, **kw):
+        if not kw and all(type(a) is np.ndarray for a in args):  # the common case
+            ts = [as_tensor(a) for a in args]
+            out = self.fn(*ts)
+        else:
+            ts = []
+            args, kw = _over((args, kw), _collect(ts, as_tensor, (np.ndarray, np.generic)))
+            out = self.fn(*args, **kw)
+        _untouched(self.__name__, ts)
+        if isinstance(out, torch.Tensor):
+            return as_numpy(out)
+        return _over(out, as_numpy)
+
+
+class TorchDevice(TorchHost):
+    """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``)."""
+
+    def __call__(self, *args, stream: int, **kw):
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"anybind op '{self.__name__}' runs torch code in a GPU program, which needs "
+                f"a CUDA build of torch; this one ({torch.__version__}) has none")
+        import cupy
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+            ts = []
+            args, kw = _over((args, kw), _collect(ts, torch.from_dlpack, cupy.ndarray))
+            out = self.fn(*args, **kw)
+            _untouched(self.__name__, ts)
+            return _over(out, lambda t: cupy.from_dlpack(t.detach())
+                         if isinstance(t, torch.Tensor) else t)
+
+
+def _collect(ts: list, convert: Callable, kinds) -> Callable:
+    """A leaf map that converts arrays of ``kinds`` into tensors, keeping them in ``ts``."""
+    def leaf(a):
+        if isinstance(a, kinds):
+            ts.append(convert(a))
+            return ts[-1]
+        return a
+    return leaf
+
+
+def _untouched(name: str, ts) -> None:
+    for i, t in enumerate(ts):
+        if t._version:
+            raise HostError(
+                f"anybind op '{name}': the torch function wrote into its input leaf {i} "
+                f"({tuple(t.shape)}, {t.dtype}) in place; its inputs are XLA's buffers, which "
+                f"are immutable. Compute out of place (for a module: call .eval() to stop "
+                f"BatchNorm-like layers updating their statistics)")
+
+
+def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
+    """g(*v): fn with the leaves at ``idx`` replaced by v, its floating output leaves."""
+    def g(*vs):
+        full = list(leaves)
+        for i, v in zip(idx, vs):
+            full[i] = v
+        outs, seen["tree"] = tree_util.tree_flatten(fn(*tree.unflatten(full), **kw))
+        seen["float"] = [_is_float(o) for o in outs]
+        return tuple(o for o, f in zip(outs, seen["float"]) if f)
+    return g
+
+
+def torch_jvp_of(fn: Callable) -> Callable:
+    """(x, ẋ) ↦ ∂f(x)·ẋ by ``torch.func.jvp`` (forward-mode AD matches JAX's jvp)."""
+    def jvp(primals, tangents, **kw):
+        leaves, tree = tree_util.tree_flatten(tuple(primals))
+        tans = tree.flatten_up_to(tuple(tangents))
+        idx = [i for i, (p, t) in enumerate(zip(leaves, tans)) if t is not None and _is_float(p)]
+        seen: dict = {}
+        g = _float_outputs(fn, leaves, tree, idx, kw, seen)
+        if idx:
+            _, touts = torch.func.jvp(g, tuple(leaves[i] for i in idx),
+                                      tuple(tans[i] for i in idx))
+        else:
+            touts = tuple(torch.zeros_like(o) for o in g())
+        it = iter(touts)
+        return seen["tree"].unflatten([next(it) if f else None for f in seen["float"]])
+    jvp.__name__ = f"jvp_of_{getattr(fn, '__name__', 'fn')}"
+    return jvp
+
+
+def torch_vjp_of(fn: Callable) -> Callable:
+    """(x, ȳ) ↦ ∂f(x)ᵀ·ȳ by ``torch.func.vjp``: x̄ = conj(vjp_torch(conj(ȳ)))."""
+    def vjp(primals, ct, **kw):
+        leaves, tree = tree_util.tree_flatten(tuple(primals))
+        idx = [i for i, p in enumerate(leaves) if _is_float(p)]
+        seen: dict = {}
+        g = _float_outputs(fn, leaves, tree, idx, kw, seen)
+        full = [None] * len(leaves)
+        if idx:
+            _, pullback = torch.func.vjp(g, *[leaves[i] for i in idx])
+            cts = seen["tree"].flatten_up_to(ct)
+            got = pullback(tuple(_conj(c) for c, f in zip(cts, seen["float"]) if f))
+            for i, c in zip(idx, got):
+                full[i] = _conj(c)
+        return tuple(tree.unflatten(full))
+    vjp.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
+    return vjp
+
+
+class TorchVmap:
+    """The vmap rule of torch code: ``torch.vmap`` of it, one call for the whole batch
+    (or ``rule``, the user's vmap rule on tensors)."""
+
+    def __init__(self, fn: Callable, name: str, rule: Callable | None = None):
+        self.fn, self.__name__, self.rule = fn, name, rule
+
+    def batched(self, axis_size, in_batched, *args, **kw):
+        """The rule on torch tensors: ``(out, out_batched)``."""
+        if self.rule is not None:
+            return self.rule(axis_size, in_batched, *args, **kw)
+        operands = {k: kw[k] for k in in_batched.kwargs}
+        static = {k: v for k, v in kw.items() if k not in in_batched.kwargs}
+        leaves, tree = tree_util.tree_flatten((args, operands))
+        flags = tree.flatten_up_to((tuple(in_batched), dict(in_batched.kwargs)))
+        fn, seen = self.fn, {}
+
+        def g(*ls):
+            a, k = tree.unflatten(ls)
+            outs, seen["tree"] = tree_util.tree_flatten(fn(*a, **k, **static))
+            return tuple(outs)
+        outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags))(*leaves)
+        return seen["tree"].unflatten(list(outs)), True
+
+    def __call__(self, axis_size, in_batched, *args, **kw):
+        flag = []
+
+        def run(*a, **k):
+            out, b = self.batched(axis_size, in_batched, *a, **k)
+            flag.append(b)
+            return out
+        return TorchHost(run, self.__name__)(*args, **kw), flag[0]
+
+
+class TorchVmapDevice(TorchVmap):
+    """The same on CuPy views of XLA's device buffers, on XLA's stream."""
+
+    def __call__(self, axis_size, in_batched, *args, stream: int, **kw):
+        flag = []
+
+        def run(*a, **k):
+            out, b = self.batched(axis_size, in_batched, *a, **k)
+            flag.append(b)
+            return out
+        return TorchDevice(run, self.__name__)(*args, stream=stream, **kw), flag[0]
+
+
+# ---------------------------------------------------------------------- JAX
+
+_F0 = jax.dtypes.float0
+
+
+def _tangent_or_zero(p, t):
+    if t is not None:
+        return t
+    return np.zeros(np.shape(p), _F0)
+
+
+def _none_if_f0(t):
+    return None if t.dtype == _F0 else t
+
+
+def jax_jvp_of(fn: Callable) -> Callable:
+    """(x, ẋ) ↦ ∂f(x)·ẋ by ``jax.jvp``."""
+    def jvp(primals, tangents, **kw):
+        primals = tuple(primals)
+        ts = tree_util.tree_map(_tangent_or_zero, primals, tuple(tangents))
+        _, tout = jax.jvp(lambda *a: fn(*a, **kw), primals, ts)
+        return tree_util.tree_map(_none_if_f0, tout)
+    jvp.__name__ = f"jvp_of_{getattr(fn, '__name__', 'fn')}"
+    return jvp
+
+
+def jax_vjp_of(fn: Callable) -> Callable:
+    """(x, ȳ) ↦ ∂f(x)ᵀ·ȳ by ``jax.vjp``."""
+    def vjp(primals, ct, **kw):
+        out, pullback = jax.vjp(lambda *a: fn(*a, **kw), *primals)
+        cts = tree_util.tree_map(_tangent_or_zero, out, ct)
+        return tuple(tree_util.tree_map(_none_if_f0, pullback(cts)))
+    vjp.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
+    return vjp
+
+
+class JaxHost:
+    """A JAX function as host code: ``jax.jit`` of it on the views, under x64.
+
+    ``on_tensors(call, ops)`` runs it on torch tensors directly (the torch
+    front end's nodes use it): CPU tensors go in as NumPy views (no copy),
+    results come out through DLPack (no copy). Compiled once per call
+    signature; x64 is on while it runs, so torch's float64 stays float64.
+    """
+
+    def __init__(self, fn: Callable, name: str):
+        self.fn, self.__name__ = fn, name
+        self._jits: dict = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<JAX code of {self.__name__}>"
+
+    def _jit(self, key, make: Callable):
+        f = self._jits.get(key)
+        if f is None:
+            with self._lock:
+                f = self._jits.setdefault(key, jax.jit(make()))
+        return f
+
+    def __call__(self, *args, **kw):
+        operands, static = _split_static(kw)
+        fn = self.fn
+        f = self._jit(("plain", tuple(sorted(static.items()))),
+                      lambda: lambda a, k: fn(*a, **k, **static))
+        with jax.enable_x64(True):
+            out = f(args, operands)
+        return _over(out, np.asarray)
+
+    def on_tensors(self, call, ops) -> list:
+        n, fn = call.n_in, self.fn
+        f = self._jits.get(call)
+        if f is None:
+            f = self._jit(call, lambda: lambda *flat: tree_util.tree_leaves(
+                fn(*call.args(flat[:n]), **call.kwargs(flat[n:]))))
+        ins = [_np_view(t) if t.is_cpu else t for t in ops]
+        with jax.enable_x64(True):
+            outs = f(*ins)
+        res = [torch.from_dlpack(o) for o in outs]
+        if len(ops):  # JAX returns an input unchanged as that same buffer: a fresh tensor
+            ptrs = {t.data_ptr() for t in ops}
+            res = [r.clone() if r.data_ptr() in ptrs and r.numel() else r for r in res]
+        return res
+
+
+class JaxVmap:
+    """The vmap rule of JAX code: ``jax.jit(jax.vmap(fn))``, one call for the whole batch."""
+
+    def __init__(self, fn: Callable, name: str, rule: None = None):
+        self.fn, self.__name__ = fn, name
+        self._jits: dict = {}
+
+    def __call__(self, axis_size, in_batched, *args, **kw):
+        operands = {k: kw[k] for k in in_batched.kwargs}
+        static = {k: v for k, v in kw.items() if k not in in_batched.kwargs}
+        axes = (_over(tuple(in_batched), lambda b: 0 if b else None),
+                _over(dict(in_batched.kwargs), lambda b: 0 if b else None))
+        key = (tree_util.tree_structure(axes), tuple(tree_util.tree_leaves(
+            axes, is_leaf=lambda x: x is None)), tuple(sorted(static.items())))
+        f = self._jits.get(key)
+        if f is None:
+            fn = self.fn
+            f = self._jits.setdefault(key, jax.jit(jax.vmap(
+                lambda a, k: fn(*a, **k, **static), in_axes=axes)))
+        with jax.enable_x64(True):
+            out = f(args, operands)
+        return _over(out, np.asarray), True
+
+
+def keyword_operands(kw: dict) -> dict:
+    return _split_static(kw)[0]
+
+
+__all__: list[Any] = ["TorchHost", "TorchDevice", "TorchVmap", "TorchVmapDevice",
+                      "torch_jvp_of", "torch_vjp_of", "JaxHost", "JaxVmap", "jax_jvp_of",
+                      "jax_vjp_of", "as_tensor", "as_numpy"]
