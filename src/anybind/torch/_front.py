@@ -268,9 +268,10 @@ def traced(call: Call, name: str, run: Callable, ops) -> list:
 
 def _traced_message(call: Call, name: str, e: Exception) -> str:
     return (f"anybind op '{call.op.name}': the traced {name} failed on torch tensors under "
-            f"op.torch ({type(e).__name__}: {e}). Traced code that op.torch runs must use "
+            f"op.torch ({type(e).__name__}: {e}). Traced rules that op.torch runs must use "
             f"plain array arithmetic and bound ops only (not jax.numpy), or be host code "
-            f"(traced=False)")
+            f"(traced=False); a traced function written with jax.numpy runs by JAX "
+            f"(ab.to_torch)")
 
 
 def check_outputs(call: Call, name: str, outs, shapes, dtypes, names) -> None:
