@@ -182,6 +182,12 @@ def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
     return g
 
 
+# torch numbers forward-AD levels process-wide, and a level must be left in the order it
+# was entered: jvps that XLA runs at once on several threads (per shard, or independent
+# calls of one program) take turns. Reentrant: a jvp of a jvp nests in one thread.
+_FORWARD_AD = threading.RLock()
+
+
 def torch_jvp_of(fn: Callable) -> Callable:
     """(x, ẋ) ↦ ∂f(x)·ẋ by ``torch.func.jvp`` (forward-mode AD matches JAX's jvp)."""
     def jvp(primals, tangents, **kw):
@@ -191,8 +197,9 @@ def torch_jvp_of(fn: Callable) -> Callable:
         seen: dict = {}
         g = _float_outputs(fn, leaves, tree, idx, kw, seen)
         if idx:
-            _, touts = torch.func.jvp(g, tuple(leaves[i] for i in idx),
-                                      tuple(tans[i] for i in idx))
+            with _FORWARD_AD:
+                _, touts = torch.func.jvp(g, tuple(leaves[i] for i in idx),
+                                          tuple(tans[i] for i in idx))
         else:
             touts = tuple(torch.zeros_like(o) for o in g())
         it = iter(touts)
