@@ -41,6 +41,7 @@ import jax
 import numpy as np
 import torch
 from jax import tree_util
+from torch.autograd import forward_ad
 
 from ..core._errors import HostError
 from ._front import _np_view
@@ -50,6 +51,23 @@ from ._front import _np_view
 _BF16 = np.dtype(jax.numpy.bfloat16)
 
 
+def _view_reader() -> Callable[[np.ndarray], torch.Tensor]:
+    """Read-only NumPy array -> tensor over its memory, by a versioned DLPack capsule
+    straight to torch (torch.from_dlpack's own checks cost twice as much); torch's
+    public function where this torch cannot read such capsules."""
+    probe = np.zeros(1)
+    probe.flags.writeable = False
+    try:
+        torch._C._from_dlpack(probe.__dlpack__(max_version=(1, 0)))
+    except Exception:  # noqa: BLE001  (an older torch or NumPy)
+        return torch.from_dlpack
+    read = torch._C._from_dlpack
+    return lambda a: read(a.__dlpack__(max_version=(1, 0)))
+
+
+view_tensor = _view_reader()
+
+
 def as_tensor(a) -> torch.Tensor:
     """A tensor over the array's memory: no copy (read-only views through DLPack)."""
     if type(a) is np.ndarray:
@@ -57,7 +75,7 @@ def as_tensor(a) -> torch.Tensor:
             return as_tensor(a.view(np.uint16)).view(torch.bfloat16)
         if a.flags.writeable:
             return torch.from_numpy(a)
-        return torch.from_dlpack(a)  # torch.from_numpy would warn about read-only memory
+        return view_tensor(a)  # torch.from_numpy would warn about read-only memory
     if isinstance(a, np.generic):
         return torch.from_numpy(np.array(a))
     return torch.from_dlpack(a)  # a device array (CuPy)
@@ -188,8 +206,53 @@ def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
 _FORWARD_AD = threading.RLock()
 
 
+_DERIVED = "__anybind_derived__"  # a jvp or vjp made here: it differentiates inside
+
+
+def _plain(fn, ts) -> bool:
+    """Whether torch's plain autograd may compute a jvp or vjp of ``fn`` here, at a
+    quarter of torch.func's cost: nothing differentiates this call (host code run by
+    XLA), and ``fn`` is first-order user code. Under a transform (the call is itself
+    being differentiated), or for a derivative of a derivative, torch.func composes."""
+    return not (getattr(fn, _DERIVED, False)
+                or torch._C._are_functorch_transforms_active()
+                or forward_ad._current_level >= 0
+                or any(t.requires_grad for t in ts))
+
+
+def _tangents(fn, g, xs, ts) -> tuple:
+    """The tangents of g's outputs at xs along ts (g: fn on some of its leaves)."""
+    if _plain(fn, [*xs, *ts]):
+        try:
+            with forward_ad.dual_level():
+                outs = g(*[forward_ad.make_dual(x, t) for x, t in zip(xs, ts)])
+                dual = [forward_ad.unpack_dual(o) for o in outs]
+            return tuple(torch.zeros_like(d.primal) if d.tangent is None else d.tangent
+                         for d in dual)
+        except RuntimeError:  # code that takes torch.func transforms itself
+            pass
+    return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
+
+
+def _cotangents(fn, g, xs, cts_of: Callable) -> tuple:
+    """The cotangents of xs (torch's convention) for g's outputs' ``cts_of()``."""
+    if _plain(fn, xs):
+        try:
+            with torch.enable_grad():
+                vs = [x.detach().requires_grad_() for x in xs]
+                outs = g(*vs)
+                used = [(o, c) for o, c in zip(outs, cts_of()) if o.requires_grad]
+                got = torch.autograd.grad([o for o, _ in used], vs, [c for _, c in used],
+                                          allow_unused=True) if used else [None] * len(vs)
+            return tuple(torch.zeros_like(x) if c is None else c for x, c in zip(xs, got))
+        except RuntimeError:  # code that takes torch.func transforms itself
+            pass
+    _, pullback = torch.func.vjp(g, *xs)
+    return pullback(cts_of())
+
+
 def torch_jvp_of(fn: Callable) -> Callable:
-    """(x, ẋ) ↦ ∂f(x)·ẋ by ``torch.func.jvp`` (forward-mode AD matches JAX's jvp)."""
+    """(x, ẋ) ↦ ∂f(x)·ẋ by torch's forward-mode AD (which matches JAX's jvp)."""
     def jvp(primals, tangents, **kw):
         leaves, tree = tree_util.tree_flatten(tuple(primals))
         tans = tree.flatten_up_to(tuple(tangents))
@@ -198,18 +261,18 @@ def torch_jvp_of(fn: Callable) -> Callable:
         g = _float_outputs(fn, leaves, tree, idx, kw, seen)
         if idx:
             with _FORWARD_AD:
-                _, touts = torch.func.jvp(g, tuple(leaves[i] for i in idx),
-                                          tuple(tans[i] for i in idx))
+                touts = _tangents(fn, g, [leaves[i] for i in idx], [tans[i] for i in idx])
         else:
             touts = tuple(torch.zeros_like(o) for o in g())
         it = iter(touts)
         return seen["tree"].unflatten([next(it) if f else None for f in seen["float"]])
     jvp.__name__ = f"jvp_of_{getattr(fn, '__name__', 'fn')}"
+    setattr(jvp, _DERIVED, True)
     return jvp
 
 
 def torch_vjp_of(fn: Callable) -> Callable:
-    """(x, ȳ) ↦ ∂f(x)ᵀ·ȳ by ``torch.func.vjp``: x̄ = conj(vjp_torch(conj(ȳ)))."""
+    """(x, ȳ) ↦ ∂f(x)ᵀ·ȳ by torch's reverse mode: x̄ = conj(vjp_torch(conj(ȳ)))."""
     def vjp(primals, ct, **kw):
         leaves, tree = tree_util.tree_flatten(tuple(primals))
         idx = [i for i, p in enumerate(leaves) if _is_float(p)]
@@ -217,13 +280,15 @@ def torch_vjp_of(fn: Callable) -> Callable:
         g = _float_outputs(fn, leaves, tree, idx, kw, seen)
         full = [None] * len(leaves)
         if idx:
-            _, pullback = torch.func.vjp(g, *[leaves[i] for i in idx])
-            cts = seen["tree"].flatten_up_to(ct)
-            got = pullback(tuple(_conj(c) for c, f in zip(cts, seen["float"]) if f))
+            def cts_of():
+                cts = seen["tree"].flatten_up_to(ct)
+                return tuple(_conj(c) for c, f in zip(cts, seen["float"]) if f)
+            got = _cotangents(fn, g, [leaves[i] for i in idx], cts_of)
             for i, c in zip(idx, got):
                 full[i] = _conj(c)
         return tuple(tree.unflatten(full))
     vjp.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
+    setattr(vjp, _DERIVED, True)
     return vjp
 
 
@@ -313,7 +378,7 @@ def jax_vjp_of(fn: Callable) -> Callable:
 class JaxHost:
     """A JAX function as host code: ``jax.jit`` of it on the views, under x64.
 
-    ``on_tensors(call, ops)`` runs it on torch tensors directly (the torch
+    ``tensor_runner(call)`` runs it on torch tensors directly (the torch
     front end's nodes use it): CPU tensors go in as NumPy views (no copy),
     results come out through DLPack (no copy). Compiled once per call
     signature; x64 is on while it runs, so torch's float64 stays float64.
@@ -343,20 +408,37 @@ class JaxHost:
             out = f(args, operands)
         return _over(out, np.asarray)
 
-    def on_tensors(self, call, ops) -> list:
+    def tensor_runner(self, call) -> Callable[[list], list]:
+        """``run(ops)``: the function on torch tensors for this call (the torch front
+        end's nodes use it): no NumPy round trip of the results."""
         n, fn = call.n_in, self.fn
-        f = self._jits.get(call)
-        if f is None:
-            f = self._jit(call, lambda: lambda *flat: tree_util.tree_leaves(
-                fn(*call.args(flat[:n]), **call.kwargs(flat[n:]))))
-        ins = [_np_view(t) if t.is_cpu else t for t in ops]
-        with jax.enable_x64(True):
-            outs = f(*ins)
-        res = [torch.from_dlpack(o) for o in outs]
-        if len(ops):  # JAX returns an input unchanged as that same buffer: a fresh tensor
-            ptrs = {t.data_ptr() for t in ops}
-            res = [r.clone() if r.data_ptr() in ptrs and r.numel() else r for r in res]
-        return res
+        f = self._jit(call, lambda: lambda *flat: tree_util.tree_leaves(
+            fn(*call.args(flat[:n]), **call.kwargs(flat[n:]))))
+        x64 = jax.enable_x64
+
+        def run(ops):
+            if all(t.is_cpu for t in ops):
+                with x64(True):
+                    outs = f(*[_np_view(t) for t in ops])
+                # a NumPy view of each result, then DLPack: no copy, several times
+                # cheaper than DLPack of the jax.Array (which waits on its own)
+                res = [view_tensor(np.asarray(o)) for o in outs]
+            else:  # device tensors: the results stay on the device
+                with x64(True):
+                    outs = f(*[t if t.is_cpu else _jax_view(t) for t in ops])
+                res = [torch.from_dlpack(o) for o in outs]
+            if ops:  # JAX gives an input back unchanged as that same buffer: copy it
+                ptrs = {t.data_ptr() for t in ops}
+                res = [r.clone() if r.data_ptr() in ptrs and r.numel() else r for r in res]
+            return res
+        return run
+
+
+def _jax_view(t: torch.Tensor) -> jax.Array:
+    """A device tensor as a JAX array on that device (DLPack: no copy)."""
+    if t.requires_grad:
+        t = t.detach()
+    return jax.dlpack.from_dlpack(t.resolve_conj().resolve_neg().contiguous())
 
 
 class JaxVmap:

@@ -126,9 +126,10 @@ class Node:
             + [False] * n_res
         self._runner = self._run = None
         # host code that also runs on tensors itself (a bridge's JAX code): no NumPy round trip
-        self.direct = getattr(self.rule.fn, "on_tensors", None) if (
+        maker = getattr(self.rule.fn, "tensor_runner", None) if (
             role == "primal" and batch is None and self.rule is not None
             and not self.rule.traced and not self.rule.out) else None
+        self.direct = None if maker is None else maker(call)
         self._layouts: dict = {}
         self.plans: dict = {}  # backward plans by pattern of zeros (_ad)
         if self.rule is not None and self.rule.out:  # out=True: the runner hands out buffers
@@ -178,7 +179,7 @@ class Node:
                 return self.run_traced(ops)
         if self.direct is not None:
             try:
-                return self.direct(self.call, ops)
+                return self.direct(ops)
             except HostError:
                 raise
             except Exception as e:
