@@ -4,8 +4,9 @@ Every value and derivative is checked against torch's own (the same code run by
 torch.func) and against JAX's own (the same function written with jax.numpy):
 an MLP ``nn.Module`` (gradients in the parameters, Hessian-vector products in
 the input), a complex-valued function, a function with integer outputs, and
-pytrees; ``ab.check`` passes on each. Then every transformation, the round
-trips, and the errors.
+pytrees; ``ab.check`` passes on each (jvp against central differences, vjp
+against jvp, second orders, vmap). Then every transformation, the round trips,
+and the errors.
 """
 import jax
 import jax.numpy as jnp
@@ -14,8 +15,8 @@ import pytest
 import torch
 
 import anybind as ab
-from helpers import (assert_close, assert_tree_close, check_first_order, randn, run_fresh_python,
-                     to_torch, tree_randn_like)
+from helpers import (assert_close, assert_tree_close, randn, run_fresh_python, to_torch,
+                     tree_randn_like)
 
 
 def _np(t):
@@ -62,9 +63,6 @@ def test_mlp_module_values_parameter_gradients_and_input_hvp():
                                 (torch.from_numpy(x),), (torch.from_numpy(v),))[1]
     assert_close(got, want_torch.numpy())
     assert_close(got, hvp(_jax_mlp))
-    # reverse over reverse (jacrev of grad) agrees with JAX's own Hessian
-    h = jax.hessian(lambda x: loss(op)(params, x))(x[:1])
-    assert_close(h, jax.hessian(lambda x: loss(_jax_mlp)(params, x))(x[:1]))
     # batched inputs, parameters shared
     xs = randn((3, 4, 3), seed=2)
     assert_close(jax.vmap(op, in_axes=(None, 0))(params, xs), jax.vmap(
@@ -100,8 +98,7 @@ def test_complex_function_matches_jax_and_torch():
     s = lambda f: lambda z: jnp.real(jnp.sum(f(z, w)[0] * ybar[0]))
     assert_close(jax.jvp(jax.grad(s(op)), (z,), (dargs[0],)),
                  jax.jvp(jax.grad(s(_jax_cplx)), (z,), (dargs[0],)))
-    check_first_order(op, args)
-    assert ab.check(op, *args).ok
+    assert ab.check(op, *args).ok  # and jvp against central differences, vjp against jvp
 
 
 # ------------------------------------------------------------ integer outputs
@@ -117,7 +114,6 @@ def test_integer_outputs_are_values_without_derivatives():
     assert_close(jax.grad(lambda x: op(x)[0].sum())(x), 3 * x ** 2)
     assert_close(jax.hessian(lambda x: op(x)[0][0, 0])(x)[0, 0, 0, 0], 6 * x[0, 0])
     assert_tree_close(jax.vmap(op)(x), (x ** 3, np.argmax(x, -1), (x > 0).sum(-1)))
-    check_first_order(op, (x,))
     assert ab.check(op, x).ok
 
 
@@ -147,7 +143,6 @@ def test_pytrees_keyword_operands_and_static_keywords():
     batched = jax.tree.map(lambda a: np.stack([a, a + 1]), d)
     assert_tree_close(jax.vmap(lambda d: op(d, **kw))(batched),
                       jax.vmap(lambda d: _jax_tree(d, **kw))(batched))
-    check_first_order(lambda d: op(d, **kw), (d,))
     assert ab.check(op, d, **kw).ok
 
 

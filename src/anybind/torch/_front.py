@@ -32,6 +32,8 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import sys
 import threading
 import weakref
@@ -593,14 +595,67 @@ class TorchOp:
         return entry
 
 
-@torch._dynamo.nonstrict_trace
-def _compiled_call(key: int, args: tuple, kwargs: dict):
+def _opaque_call(key: int, args: tuple, kwargs: dict):
     """Under torch.compile: an opaque call to dynamo, traced by AOTAutograd."""
     return front_of(_frontends.LIVE_OPS[key]).call(args, kwargs)
 
 
+_compiled_call = _opaque_call  # marked opaque to dynamo (nonstrict_trace) once dynamo loads
+
+
+def _mark_opaque() -> None:
+    global _compiled_call
+    _compiled_call = torch._dynamo.nonstrict_trace(_opaque_call)
+
+
 def _compiled_entry(op, *args, **kwargs):
     return _compiled_call(id(op), args, kwargs)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then()`` right after module ``name`` is first imported, by wrapping its loader.
+
+    Importing ``torch._dynamo`` takes seconds, and only ``torch.compile`` needs it
+    (and imports it): the front end marks its entry for dynamo then, not when it
+    is itself imported.
+    """
+
+    def __init__(self, name: str, then: Callable[[], None]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, inner, then: Callable[[], None]):
+        self.inner, self.then = inner, then
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        self.then()
+
+    def __getattr__(self, name: str):  # get_source and the rest: the wrapped loader's
+        return getattr(self.inner, name)
+
+
+def _after_import(name: str, then: Callable[[], None]) -> None:
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+_after_import("torch._dynamo", _mark_opaque)
 
 
 def torch_op(op):
