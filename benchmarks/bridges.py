@@ -132,7 +132,7 @@ def time_torch_in_jax(repeats: int, sample_s: float, errors: dict) -> dict:
 
 def probe_torch_in_jax(errors: dict) -> dict:
     """Forward mode, Hessian, vmap: each package against jax.numpy, in x2."""
-    x1, x2, dx = np.random.default_rng(1).random((3, 4))
+    x1, x2, dx = map(jnp.asarray, np.random.default_rng(1).random((3, 4)))
     probes = {
         "forward mode": lambda f: jax.jvp(lambda b: f(x1, b), (x2,), (dx,))[1],
         "hessian": lambda f: jax.hessian(lambda b: f(x1, b).sum())(x2),
@@ -168,7 +168,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from torch._subclasses.fake_tensor import FakeTensor
 seen = []
 def tf(a, b):
-    if not isinstance(b, FakeTensor):
+    if isinstance(b, torch.Tensor) and not isinstance(b, FakeTensor):  # not while tracing
         seen.append(tuple(b.shape))
     return a * b ** 2
 n = 8
