@@ -38,7 +38,12 @@ _LAZY = ("from_torch", "to_torch")  # need torch: imported at first use, not wit
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from .torch import _bridges
+        try:
+            from .torch import _bridges
+        except ImportError as e:
+            if e.name != "torch":
+                raise
+            raise ImportError(f"ab.{name} needs PyTorch: pip install 'anybind[torch]'") from e
         return getattr(_bridges, name)
     raise AttributeError(f"module 'anybind' has no attribute {name!r}")
 
