@@ -2,7 +2,8 @@
 
 A bridge is an adapter, not a second library: an ``ab.bind`` host op whose
 code is written for another framework and runs by that framework's engine
-(``_engines``), with the same spec, roles and runners as every op:
+(``_torch_engine``, ``_jax_engine``), with the same spec, roles and runners as
+every op:
 
 =================  =====================================================================
 piece              what it does
@@ -28,7 +29,7 @@ would get a per-shard partial sum).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -39,13 +40,13 @@ from .. import _api
 from ..core import _closures, _sharding
 from ..core._jax import ShapedArray
 from ..core._spec import infer_outputs
-from . import _engines
+from . import _jax_engine, _torch_engine
 from ._front import TorchOp
 
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
-    """One framework's way of running and transforming its own code (see ``_engines``)."""
+    """One framework's way of running and transforming its own code (its ``_*_engine``)."""
     name: str
     host: Callable  # (fn, name) -> host function on NumPy views
     device: Callable | None  # (fn, name) -> device function on CuPy views, or None
@@ -56,10 +57,11 @@ class Engine:
     native: bool  # whether the code is torch code, so that op.torch is the code itself
 
 
-TORCH = Engine("torch", _engines.TorchHost, _engines.TorchDevice, _engines.TorchVmap,
-               _engines.TorchVmapDevice, _engines.torch_jvp_of, _engines.torch_vjp_of, True)
-JAX = Engine("jax", _engines.JaxHost, None, _engines.JaxVmap, None, _engines.jax_jvp_of,
-             _engines.jax_vjp_of, False)
+TORCH = Engine("torch", _torch_engine.TorchHost, _torch_engine.TorchDevice,
+               _torch_engine.TorchVmap, _torch_engine.TorchVmapDevice,
+               _torch_engine.torch_jvp_of, _torch_engine.torch_vjp_of, True)
+JAX = Engine("jax", _jax_engine.JaxHost, None, _jax_engine.JaxVmap, None,
+             _jax_engine.jax_jvp_of, _jax_engine.jax_vjp_of, False)
 
 
 class Bridge:
@@ -285,14 +287,14 @@ class EvalShape:
         return "(jax.eval_shape)"
 
     def __call__(self, *args, **kw):
-        operands, static = _engines._split_static(kw)
+        operands, static = _torch_engine.split_static(kw)
         core = self.core
         return jax.eval_shape(lambda a, k: core(*a, **k, **static), args, operands)
 
 
 def _parent_call(core, primals, kw):
     """The parent op's ``Call`` for positional ShapeDtypeStructs ``primals`` and ``kw``."""
-    operands, static = _engines._split_static(kw)
+    operands, static = _torch_engine.split_static(kw)
     xs, args_tree = tree_util.tree_flatten(tuple(primals))
     ks, kw_tree = tree_util.tree_flatten(operands)
     static = tuple(sorted(static.items()))
@@ -317,7 +319,7 @@ class Spec:
     def __call__(self, primals, second, **kw):
         if self.kind == "vjp":
             return tuple(tree_util.tree_map(_float_or_none, tuple(primals)))
-        operands, static = _engines._split_static(kw)
+        operands, static = _torch_engine.split_static(kw)
         xs, args_tree = tree_util.tree_flatten(tuple(primals))
         ks, kw_tree = tree_util.tree_flatten(operands)
         aval = lambda s: ShapedArray(tuple(s.shape), np.dtype(s.dtype))
@@ -375,5 +377,3 @@ def _handle(core) -> _api.Op:
     object.__setattr__(h, "_core", core)
     return h
 
-
-__all__: list[Any] = ["from_torch", "to_torch", "jax_bridge", "bridge", "derived"]

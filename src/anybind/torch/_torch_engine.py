@@ -1,41 +1,35 @@
-"""How each framework runs its own code on another's arrays, and transforms it.
+"""The torch engine of the bridges: torch code on NumPy views of XLA's buffers.
 
-A bridge (``_bridges``) is an anybind op whose code is written for another
-framework. What it needs from that framework is an *engine*: how the code
-runs on NumPy views of the caller's buffers, and the framework's own jvp,
-vjp and vmap of the code, which are again code of that framework, so the
-same engine runs them and differentiates them again:
+What ``ab.from_torch`` needs from torch (see ``_bridges``):
 
-=============  =====================================  =====================================
-piece          ``TORCH`` (``ab.from_torch``)           ``JAX`` (``ab.to_torch``)
-=============  =====================================  =====================================
-``host``       fn on tensors over the views (DLPack,  ``jax.jit(fn)`` on the views (no copy
-               ``torch.from_numpy``: no copy)          on the CPU), under x64
-``device``     fn on tensors over XLA's device        (none: JAX runs on its own devices)
-               buffers, on XLA's stream
-``jvp_of``     ``torch.func.jvp``                      ``jax.jvp``
-``vjp_of``     ``torch.func.vjp``, conjugated into     ``jax.vjp``
-               JAX's convention
-``vmap_rule``  ``torch.vmap``: one call per batch      ``jax.vmap``: one call per batch
-=============  =====================================  =====================================
+================  ==================================================================
+piece             what it does
+================  ==================================================================
+``TorchHost``     fn on tensors over the views (DLPack, ``torch.from_numpy``: no copy
+                  in), NumPy views of its results out (XLA's runner copies them into
+                  its output buffers); an input written in place is an error
+``TorchDevice``   the same on CuPy views of XLA's device buffers, on XLA's stream
+``TorchVmap``     the vmap rule: ``torch.vmap`` of fn, one call for the whole batch
+``torch_jvp_of``  (x, ẋ) ↦ ∂f(x)·ẋ by torch's forward mode
+``torch_vjp_of``  (x, ȳ) ↦ ∂f(x)ᵀ·ȳ by torch's reverse mode, in JAX's convention
+================  ==================================================================
 
-The derived functions keep one form, whatever the framework:
+A derived function is again torch code, so the same engine runs it and
+differentiates it again. Derived functions keep one form, in both engines:
 
-- ``jvp(primals, tangents, **kw)``: ẏ = ∂f(x)·ẋ, a pytree like the output with
-  ``None`` at integer leaves; ``tangents`` is like ``primals`` with ``None`` at
-  integer leaves (anybind's rule convention).
-- ``vjp(primals, ct, **kw)``: x̄ = ∂f(x)ᵀ·ȳ (JAX's convention: transposed, not
-  conjugated), one pytree per positional argument with ``None`` at integer
-  leaves; ``ct`` is like the output with ``None`` at integer leaves.
+- ``jvp(primals, tangents, **kw)``: a pytree like the output, ``None`` at integer
+  leaves; ``tangents`` is like ``primals`` with ``None`` at integer leaves.
+- ``vjp(primals, ct, **kw)``: x̄ = ∂f(x)ᵀ·ȳ (transposed, not conjugated), one
+  pytree per positional argument with ``None`` at integer leaves; ``ct`` is like
+  the output with ``None`` at integer leaves.
 
 Zero tangents and cotangents arrive as zero arrays, never ``None``, at floating
-leaves. Every array a host function returns is a NumPy array (a view where the
-framework allows: XLA's runner copies it into its output buffer).
+leaves.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -44,7 +38,6 @@ from jax import tree_util
 from torch.autograd import forward_ad
 
 from ..core._errors import HostError
-from ._front import _np_view
 
 # ----------------------------------------------------------- arrays across
 
@@ -102,7 +95,7 @@ def _conj(t):
     return t.conj() if t is not None and t.is_complex() else t
 
 
-def _split_static(kw: dict) -> tuple[dict, dict]:
+def split_static(kw: dict) -> tuple[dict, dict]:
     """Keyword operands (pytrees of arrays) apart from static keywords."""
     operands, static = {}, {}
     for k, v in kw.items():
@@ -116,7 +109,7 @@ def _split_static(kw: dict) -> tuple[dict, dict]:
     return operands, static
 
 
-def _over(tree, fn):
+def over(tree, fn):
     return tree_util.tree_map(fn, tree)
 
 
@@ -142,12 +135,12 @@ class TorchHost:
             out = self.fn(*ts)
         else:
             ts = []
-            args, kw = _over((args, kw), _collect(ts, as_tensor, (np.ndarray, np.generic)))
+            args, kw = over((args, kw), _collect(ts, as_tensor, (np.ndarray, np.generic)))
             out = self.fn(*args, **kw)
         _untouched(self.__name__, ts)
         if isinstance(out, torch.Tensor):
             return as_numpy(out)
-        return _over(out, as_numpy)
+        return over(out, as_numpy)
 
 
 class TorchDevice(TorchHost):
@@ -161,10 +154,10 @@ class TorchDevice(TorchHost):
         import cupy
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
             ts = []
-            args, kw = _over((args, kw), _collect(ts, torch.from_dlpack, cupy.ndarray))
+            args, kw = over((args, kw), _collect(ts, torch.from_dlpack, cupy.ndarray))
             out = self.fn(*args, **kw)
             _untouched(self.__name__, ts)
-            return _over(out, lambda t: cupy.from_dlpack(t.detach())
+            return over(out, lambda t: cupy.from_dlpack(t.detach())
                          if isinstance(t, torch.Tensor) else t)
 
 
@@ -337,138 +330,3 @@ class TorchVmapDevice(TorchVmap):
             flag.append(b)
             return out
         return TorchDevice(run, self.__name__)(*args, stream=stream, **kw), flag[0]
-
-
-# ---------------------------------------------------------------------- JAX
-
-_F0 = jax.dtypes.float0
-
-
-def _tangent_or_zero(p, t):
-    if t is not None:
-        return t
-    return np.zeros(np.shape(p), _F0)
-
-
-def _none_if_f0(t):
-    return None if t.dtype == _F0 else t
-
-
-def jax_jvp_of(fn: Callable) -> Callable:
-    """(x, ẋ) ↦ ∂f(x)·ẋ by ``jax.jvp``."""
-    def jvp(primals, tangents, **kw):
-        primals = tuple(primals)
-        ts = tree_util.tree_map(_tangent_or_zero, primals, tuple(tangents))
-        _, tout = jax.jvp(lambda *a: fn(*a, **kw), primals, ts)
-        return tree_util.tree_map(_none_if_f0, tout)
-    jvp.__name__ = f"jvp_of_{getattr(fn, '__name__', 'fn')}"
-    return jvp
-
-
-def jax_vjp_of(fn: Callable) -> Callable:
-    """(x, ȳ) ↦ ∂f(x)ᵀ·ȳ by ``jax.vjp``."""
-    def vjp(primals, ct, **kw):
-        out, pullback = jax.vjp(lambda *a: fn(*a, **kw), *primals)
-        cts = tree_util.tree_map(_tangent_or_zero, out, ct)
-        return tuple(tree_util.tree_map(_none_if_f0, pullback(cts)))
-    vjp.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
-    return vjp
-
-
-class JaxHost:
-    """A JAX function as host code: ``jax.jit`` of it on the views, under x64.
-
-    ``tensor_runner(call)`` runs it on torch tensors directly (the torch
-    front end's nodes use it): CPU tensors go in as NumPy views (no copy),
-    results come out through DLPack (no copy). Compiled once per call
-    signature; x64 is on while it runs, so torch's float64 stays float64.
-    """
-
-    def __init__(self, fn: Callable, name: str):
-        self.fn, self.__name__ = fn, name
-        self._jits: dict = {}
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"<JAX code of {self.__name__}>"
-
-    def _jit(self, key, make: Callable):
-        f = self._jits.get(key)
-        if f is None:
-            with self._lock:
-                f = self._jits.setdefault(key, jax.jit(make()))
-        return f
-
-    def __call__(self, *args, **kw):
-        operands, static = _split_static(kw)
-        fn = self.fn
-        f = self._jit(("plain", tuple(sorted(static.items()))),
-                      lambda: lambda a, k: fn(*a, **k, **static))
-        with jax.enable_x64(True):
-            out = f(args, operands)
-        return _over(out, np.asarray)
-
-    def tensor_runner(self, call) -> Callable[[list], list]:
-        """``run(ops)``: the function on torch tensors for this call (the torch front
-        end's nodes use it): no NumPy round trip of the results."""
-        n, fn = call.n_in, self.fn
-        f = self._jit(call, lambda: lambda *flat: tree_util.tree_leaves(
-            fn(*call.args(flat[:n]), **call.kwargs(flat[n:]))))
-        x64 = jax.enable_x64
-
-        def run(ops):
-            if all(t.is_cpu for t in ops):
-                with x64(True):
-                    outs = f(*[_np_view(t) for t in ops])
-                # a NumPy view of each result, then DLPack: no copy, several times
-                # cheaper than DLPack of the jax.Array (which waits on its own)
-                res = [view_tensor(np.asarray(o)) for o in outs]
-            else:  # device tensors: the results stay on the device
-                with x64(True):
-                    outs = f(*[t if t.is_cpu else _jax_view(t) for t in ops])
-                res = [torch.from_dlpack(o) for o in outs]
-            if ops:  # JAX gives an input back unchanged as that same buffer: copy it
-                ptrs = {t.data_ptr() for t in ops}
-                res = [r.clone() if r.data_ptr() in ptrs and r.numel() else r for r in res]
-            return res
-        return run
-
-
-def _jax_view(t: torch.Tensor) -> jax.Array:
-    """A device tensor as a JAX array on that device (DLPack: no copy)."""
-    if t.requires_grad:
-        t = t.detach()
-    return jax.dlpack.from_dlpack(t.resolve_conj().resolve_neg().contiguous())
-
-
-class JaxVmap:
-    """The vmap rule of JAX code: ``jax.jit(jax.vmap(fn))``, one call for the whole batch."""
-
-    def __init__(self, fn: Callable, name: str, rule: None = None):
-        self.fn, self.__name__ = fn, name
-        self._jits: dict = {}
-
-    def __call__(self, axis_size, in_batched, *args, **kw):
-        operands = {k: kw[k] for k in in_batched.kwargs}
-        static = {k: v for k, v in kw.items() if k not in in_batched.kwargs}
-        axes = (_over(tuple(in_batched), lambda b: 0 if b else None),
-                _over(dict(in_batched.kwargs), lambda b: 0 if b else None))
-        key = (tree_util.tree_structure(axes), tuple(tree_util.tree_leaves(
-            axes, is_leaf=lambda x: x is None)), tuple(sorted(static.items())))
-        f = self._jits.get(key)
-        if f is None:
-            fn = self.fn
-            f = self._jits.setdefault(key, jax.jit(jax.vmap(
-                lambda a, k: fn(*a, **k, **static), in_axes=axes)))
-        with jax.enable_x64(True):
-            out = f(args, operands)
-        return _over(out, np.asarray), True
-
-
-def keyword_operands(kw: dict) -> dict:
-    return _split_static(kw)[0]
-
-
-__all__: list[Any] = ["TorchHost", "TorchDevice", "TorchVmap", "TorchVmapDevice",
-                      "torch_jvp_of", "torch_vjp_of", "JaxHost", "JaxVmap", "jax_jvp_of",
-                      "jax_vjp_of", "as_tensor", "as_numpy"]
