@@ -7,7 +7,8 @@ package         what it holds (imports run down this table, never up)
                 closures, lifetime; ``core._jax``, the one seam for JAX's private API
 ``routes``      where an op's code runs: one route per module behind one interface
 ``_api``        ``bind`` and ``Op``
-``torch``       the PyTorch front end (``op.torch``), registered with core at first use
+``torch``       the PyTorch front end (``op.torch``), registered with core at first use,
+                and the bridges ``from_torch``/``to_torch`` (imported when first named)
 ``check``       ``ab.check``
 ``recipes``     ``reversible_loop``, ``root``, ``fixed_point``
 ``contrib``     bindings of SciPy, ducc0 and a Numba N-body kernel
@@ -27,7 +28,25 @@ from .routes._compiled import C_SIGNATURE, ctypes_signature, dtype_code, numba_s
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
            "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
-           "reversible_loop", "root", "fixed_point", "debug"]
+           "reversible_loop", "root", "fixed_point", "debug", "from_torch", "to_torch"]
 __version__ = "0.1.0"
 
 _register_traceback_exclusion(_os.path.dirname(__file__))
+
+_LAZY = ("from_torch", "to_torch")  # need torch: imported at first use, not with anybind
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        try:
+            from .torch import _bridges
+        except ImportError as e:
+            if e.name != "torch":
+                raise
+            raise ImportError(f"ab.{name} needs PyTorch: pip install 'anybind[torch]'") from e
+        return getattr(_bridges, name)
+    raise AttributeError(f"module 'anybind' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))

@@ -22,6 +22,8 @@ piece                  what it does
                        absent linear operands as zeros, unneeded outputs dropped
 ``check_host(op)``     host code cannot see tracers: a clear error at the call
 ``converting(op)``     whether the op's own code is being traced by ``convert``
+``closes_over_nothing``  marks a traced rule that refers to no traced value (only
+                       to ops and constants): ``convert`` leaves it untraced
 =====================  ==========================================================
 
 A rule may call its own op on new shapes (a jvp that stacks tangents and calls
@@ -63,13 +65,28 @@ def under_trace() -> bool:
 
 # ----------------------------------------------------------------- traced code
 
+_NOTHING = "__anybind_closes_over_nothing__"
+
+
+def closes_over_nothing(fn: Callable) -> Callable:
+    """Mark a traced rule that refers to no value of any trace, only to ops and constants.
+
+    ``convert`` does not trace such a rule. A rule that calls ops it makes on
+    first use (a bridge's jvp, whose own jvp is made when it is first called)
+    needs this: tracing it at every call would make and trace the next order
+    without end.
+    """
+    setattr(fn, _NOTHING, True)
+    return fn
+
+
 def _pieces(call: Call) -> dict:
     """The traced code of an op, by role: what may close over tracers."""
     op = call.op
     pieces = {"primal": op.traced}
     for role in ("jvp", "vjp", "transpose"):
         rule = getattr(op, f"{role}_rule")
-        pieces[role] = rule is not None and rule.traced
+        pieces[role] = rule is not None and rule.traced and not getattr(rule.fn, _NOTHING, False)
     if uses_residuals(call):
         pieces["vjp"] = False  # the bwd rule (host code) replaces the vjp rule
     return {role: True for role, traced in pieces.items() if traced}

@@ -33,6 +33,8 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.util
 import re
 import sys
 import threading
@@ -129,6 +131,11 @@ class Node:
             + [False] * n_res
         self._runner = self._run = None
         self._out_batched = None  # a traced vmap rule's out_batched, once it has run
+        # host code that also runs on tensors itself (a bridge's JAX code): no NumPy round trip
+        maker = getattr(self.rule.fn, "tensor_runner", None) if (
+            role == "primal" and batch is None and self.rule is not None
+            and not self.rule.traced and not self.rule.out) else None
+        self.direct = None if maker is None else maker(call)
         self._layouts: dict = {}
         self.plans: dict = {}  # backward plans by pattern of zeros (_ad)
         if self.rule is not None and self.rule.out:  # out=True: the runner hands out buffers
@@ -187,6 +194,15 @@ class Node:
         if self.rule.traced:
             with torch.no_grad():
                 return self.run_traced(ops)
+        if self.direct is not None:
+            try:
+                return self.direct(ops)
+            except HostError:
+                raise
+            except Exception as e:
+                raise HostError(f"anybind op '{self.call.op.name}': the {self.name} raised "
+                                f"{type(e).__name__}: {e}").with_traceback(
+                                    e.__traceback__) from None
         try:
             ins = [_np_view(t) for t in ops]
         except RuntimeError:
@@ -256,32 +272,37 @@ class Node:
         return outs
 
 
+class NotTorchCode(TypeError):
+    """Traced code failed on torch tensors: it is JAX code (``jax.numpy``, ``lax``)."""
+
+
 def traced(call: Call, name: str, run: Callable, ops) -> list:
     """``run(*ops)`` for a traced rule on torch tensors, with a clear error if it is JAX code."""
     try:
         return list(run(*ops))
     except (HostError, MissingRuleError, TypeError) as e:
         if isinstance(e, TypeError) and "anybind op" not in str(e):
-            raise TypeError(_traced_message(call, name, e)) from e
+            raise NotTorchCode(_traced_message(call, name, e)) from e
         raise
     except Exception as e:
         if "anybind op" in str(e):
             raise
-        raise TypeError(_traced_message(call, name, e)) from e
+        raise NotTorchCode(_traced_message(call, name, e)) from e
 
 
 def _traced_message(call: Call, name: str, e: Exception) -> str:
     return (f"anybind op '{call.op.name}': the traced {name} failed on torch tensors under "
-            f"op.torch ({type(e).__name__}: {e}). Traced code that op.torch runs must use "
+            f"op.torch ({type(e).__name__}: {e}). Traced rules that op.torch runs must use "
             f"plain array arithmetic and bound ops only (not jax.numpy), or be host code "
-            f"(traced=False)")
+            f"(traced=False); a traced function written with jax.numpy runs by JAX "
+            f"(ab.to_torch)")
 
 
 def check_outputs(call: Call, name: str, outs, shapes, dtypes, names) -> None:
     """A traced rule's outputs against the expected shapes and dtypes."""
     for o, s, d, n in zip(outs, shapes, dtypes, names):
         if not isinstance(o, torch.Tensor):
-            raise TypeError(f"anybind op '{call.op.name}': under op.torch the traced {name} "
+            raise NotTorchCode(f"anybind op '{call.op.name}': under op.torch the traced {name} "
                             f"returned {type(o).__name__} for {n}; expected a torch tensor "
                             f"{d}{list(s)} (use plain array arithmetic and bound ops, not "
                             f"jax.numpy)")
@@ -528,6 +549,7 @@ class TorchOp:
         self._cache: dict = {}
         self._nodes: dict = {}  # filled from any thread: single dict writes are atomic
         self._functions: dict = {}  # role -> its _Fn subclass
+        self.bridge: TorchOp | None = None  # set once the op's code runs by JAX (see call)
 
     def __repr__(self) -> str:
         return f"<torch front end of {self.op!r}>"
@@ -556,6 +578,30 @@ class TorchOp:
         return self.call(args, kwargs)
 
     def call(self, args: tuple, kwargs: dict) -> Any:
+        """The op on torch tensors: by torch, or by JAX where its code is JAX code.
+
+        A traced op's function runs on the tensors themselves when it is written
+        with plain array arithmetic and bound ops, so torch sees every step (and
+        ``torch.compile`` can fuse it). JAX code (``jax.numpy``, ``lax``) cannot run
+        on tensors: it fails at once, before anything is returned, by raising or by
+        returning something other than tensors (``NotTorchCode``). The op then runs
+        by JAX from this call on (``_bridges.jax_bridge``: ``jax.jit`` on views of
+        the tensors, derivatives by ``jax.vjp``/``jax.jvp``, batching by
+        ``jax.vmap``). Falling back is safe because traced code is pure: JAX traces
+        it and keeps no effect of running it. ``ab.to_torch`` asks for JAX outright.
+        """
+        bridge = self.bridge
+        if bridge is not None:
+            return bridge.call(args, kwargs)
+        try:
+            return self._call(args, kwargs)
+        except NotTorchCode:
+            if not self.op.traced:
+                raise
+            self.bridge = BRIDGES.jax_bridge(self.op)
+            return self.bridge.call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
         op = self.op
         operands, static = _split_kwargs(op, kwargs) if kwargs else ({}, ())
         xs, args_tree = tree_util.tree_flatten(args)
@@ -613,19 +659,75 @@ class TorchOp:
         return entry
 
 
-@torch._dynamo.nonstrict_trace
-def _compiled_call(key: int, args: tuple, kwargs: dict):
+def _opaque_call(key: int, args: tuple, kwargs: dict):
     """Under torch.compile: an opaque call to dynamo, traced by AOTAutograd."""
     return front_of(_frontends.LIVE_OPS[key]).call(args, kwargs)
+
+
+_compiled_call = _opaque_call  # marked opaque to dynamo (nonstrict_trace) once dynamo loads
+
+
+def _mark_opaque() -> None:
+    global _compiled_call
+    _compiled_call = torch._dynamo.nonstrict_trace(_opaque_call)
 
 
 def _compiled_entry(op, *args, **kwargs):
     return _compiled_call(id(op), args, kwargs)
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``then()`` right after module ``name`` is first imported, by wrapping its loader.
+
+    Importing ``torch._dynamo`` takes seconds, and only ``torch.compile`` needs it
+    (and imports it): the front end marks its entry for dynamo then, not when it
+    is itself imported.
+    """
+
+    def __init__(self, name: str, then: Callable[[], None]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, inner, then: Callable[[], None]):
+        self.inner, self.then = inner, then
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        self.then()
+
+    def __getattr__(self, name: str):  # get_source and the rest: the wrapped loader's
+        return getattr(self.inner, name)
+
+
+def _after_import(name: str, then: Callable[[], None]) -> None:
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+_after_import("torch._dynamo", _mark_opaque)
+
+
 def torch_op(op):
     """``op.torch``: the op's ``TorchOp`` (under torch.compile, its opaque entry)."""
     if torch.compiler.is_compiling():  # dynamo must not build objects it would pass on
+        native = op.__dict__.get("_torch_front")
+        if native is not None and not isinstance(native, TorchOp):  # torch code: dynamo sees it
+            return native
         return functools.partial(_compiled_entry, op)
     return front_of(op)
 
@@ -675,3 +777,4 @@ def _dispatch(op, *args, **kwargs):
 _frontends.FRONT_ENDS[torch.Tensor] = _dispatch
 _frontends.MAKERS["torch"] = torch_op
 AD = None  # the derivatives and batching of nodes: ``_ad``, which imports this module
+BRIDGES = None  # ``_bridges``, which imports this module: JAX code run by JAX

@@ -1,0 +1,493 @@
+#!/usr/bin/env python
+"""Bridges between PyTorch and JAX (issue 21): anybind against torch2jax, jax2torch and
+torch-jax-interop, in one interleaved run.
+
+    python benchmarks/bridges.py                  # ~2–3 minutes on 2 cores
+    python benchmarks/bridges.py --quick          # fewer samples
+    python benchmarks/bridges.py --update-readme  # the tables into benchmarks/README.md
+
+The other packages are not anybind's dependencies; install them beside it
+(``pip install torch2jax jax2torch torch-jax-interop``). One that does not
+install, import or run with today's JAX and torch is recorded with its error.
+
+Both directions run the same function, f(x1, x2) = x1·x2², in float64 on the CPU:
+
+- **torch code in JAX**: ``ab.from_torch``, torch2jax's ``t2j`` (which translates
+  torch calls into jax.numpy while tracing), torch-jax-interop's
+  ``torch_module_to_jax`` (a module holding x1 as its parameter, ``pure_callback``
+  inside ``custom_vjp``); reference: the same f in jax.numpy. Per call: ``jit(f)``
+  and ``jit(grad(sum f))`` in both arguments.
+- **JAX code in torch**: ``ab.to_torch``, jax2torch, torch-jax-interop's
+  ``WrappedJaxFunction`` (x1 as its parameter) and ``jax_to_torch`` of the function
+  (no backward); reference: the same f in torch. Per call: forward, and forward
+  plus ``torch.autograd.grad`` of both inputs (a contiguous cotangent of ones).
+
+Per-call times are ``run.measure``'s: round-robin over the routes, the minimum over
+samples as the headline, the median beside it; each route is checked against the
+reference first. Then per package: forward mode, Hessian and vmap (each checked
+against the reference, differentiating in x2), sharding (2 simulated CPU devices,
+x1 and x2 split, in a subprocess: does the result hold, and does the code run per
+shard), and the time from the first import (jax, torch, the package) to the
+first result, in a fresh process. Results: ``benchmarks/bridges.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import run  # noqa: E402  (x64 on; one BLAS thread)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import anybind as ab  # noqa: E402
+
+SIZES = (1, 1_000, 1_000_000)
+PACKAGES = ("anybind", "torch2jax", "jax2torch", "torch-jax-interop")
+
+
+def _err(e: BaseException) -> str:
+    """An error as one short line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160] if text else ''}"
+
+
+def tf(a, b):
+    return a * b ** 2
+
+
+def jf(a, b):
+    return a * b ** 2
+
+
+# -------------------------------------------------------- torch code in JAX
+
+def torch_in_jax(n: int) -> dict[str, Callable]:
+    """Each package's f(x1, x2) as a JAX function (a constructor per package)."""
+    def anybind_():
+        return ab.from_torch(tf, name="f")
+
+    def torch2jax_():
+        from torch2jax import t2j
+        return t2j(tf)
+
+    def interop_():
+        from torch_jax_interop.to_jax_module import torch_module_to_jax
+
+        class Scale(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros(n, dtype=torch.float64))
+
+            def forward(self, x):
+                return self.w * x ** 2
+        apply, _ = torch_module_to_jax(Scale(), example_output=torch.zeros(n, dtype=torch.float64))
+        return lambda a, b: apply((a,), b)
+
+    return {"native jax.numpy": lambda: jf, "anybind": anybind_, "torch2jax": torch2jax_,
+            "torch-jax-interop": interop_}
+
+
+def _grad(f):
+    return jax.grad(lambda a, b: f(a, b).sum(), argnums=(0, 1))
+
+
+def time_torch_in_jax(repeats: int, sample_s: float, errors: dict) -> dict:
+    out: dict = {"forward": {}, "jit(grad)": {}}
+    for n in SIZES:
+        x1, x2 = np.random.default_rng(0).random((2, n))
+        want = (jf(x1, x2), _grad(jf)(x1, x2))
+        thunks = {}
+        for name, make in torch_in_jax(n).items():
+            try:
+                f = make()
+                fwd, grd = jax.jit(f), jax.jit(_grad(f))
+                np.testing.assert_allclose(fwd(x1, x2), want[0], rtol=1e-12)
+                got = grd(x1, x2)
+                for g, w in zip(got, want[1]):
+                    np.testing.assert_allclose(g, w, rtol=1e-12)
+            except Exception as e:  # noqa: BLE001  (recorded, as the table says)
+                errors.setdefault(("torch→jax", name), _err(e))
+                continue
+            thunks[f"{name}|forward"] = run._thunk(fwd, (x1, x2))
+            thunks[f"{name}|jit(grad)"] = run._thunk(grd, (x1, x2))
+        res = run.measure(thunks, repeats, sample_s)
+        for key, r in res.items():
+            name, what = key.split("|")
+            out[what].setdefault(n, {})[name] = {k: r[k] for k in ("min_us", "median_us")}
+    return out
+
+
+def probe_torch_in_jax(errors: dict) -> dict:
+    """Forward mode, Hessian, vmap: each package against jax.numpy, in x2."""
+    x1, x2, dx = map(jnp.asarray, np.random.default_rng(1).random((3, 4)))
+    probes = {
+        "forward mode": lambda f: jax.jvp(lambda b: f(x1, b), (x2,), (dx,))[1],
+        "hessian": lambda f: jax.hessian(lambda b: f(x1, b).sum())(x2),
+        "vmap": lambda f: jax.vmap(lambda b: f(x1, b))(np.stack([x2, dx])),
+    }
+    table: dict = {}
+    for name, make in torch_in_jax(4).items():
+        if name.startswith("native"):
+            continue
+        row = table.setdefault(name, {})
+        try:
+            f = make()
+        except Exception as e:  # noqa: BLE001
+            row.update({p: _err(e) for p in probes})
+            continue
+        for p, do in probes.items():
+            try:
+                np.testing.assert_allclose(do(f), do(jf), rtol=1e-12, atol=1e-14)
+                row[p] = "ok"
+            except AssertionError:
+                row[p] = "wrong values"
+            except Exception as e:  # noqa: BLE001
+                row[p] = _err(e)
+    return table
+
+
+_SHARD_PROBE = """
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, numpy as np, torch
+jax.config.update("jax_enable_x64", True)
+from jax.sharding import NamedSharding, PartitionSpec as P
+from torch._subclasses.fake_tensor import FakeTensor
+seen = []
+def tf(a, b):
+    if isinstance(b, torch.Tensor) and not isinstance(b, FakeTensor):  # not while tracing
+        seen.append(tuple(b.shape))
+    return a * b ** 2
+n = 8
+mesh = jax.make_mesh((2,), ("x",))
+x1, x2 = np.random.default_rng(2).random((2, n))
+put = lambda v: jax.device_put(v, NamedSharding(mesh, P("x")))
+name, result = sys.argv[1], {}
+try:
+    if name == "anybind":
+        import anybind as ab
+        f = ab.from_torch(tf, shard="elementwise")
+    elif name == "torch2jax":
+        from torch2jax import t2j
+        f = t2j(tf)
+    else:
+        from torch_jax_interop.to_jax_module import torch_module_to_jax
+        class Scale(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros(n, dtype=torch.float64))
+            def forward(self, x):
+                return tf(self.w, x)
+        apply, _ = torch_module_to_jax(Scale(), example_output=torch.zeros(n, dtype=torch.float64))
+        f = lambda a, b: apply((a,), b)
+    got = jax.jit(f)(put(x1), put(x2))
+    ok = np.allclose(np.asarray(got), x1 * x2 ** 2, rtol=1e-12)
+    if not ok:
+        result["sharding"] = "wrong values"
+    elif not seen:
+        result["sharding"] = "ok, per shard (translated to XLA ops)"
+    elif set(seen) == {(n // 2,)}:
+        result["sharding"] = "ok, per shard"
+    else:
+        result["sharding"] = "ok, gathered: runs on the whole array"
+except Exception as e:
+    lines = str(e).strip().splitlines()
+    result["sharding"] = f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+print(json.dumps(result))
+"""
+
+
+def _fresh(script: str, *args: str, timeout: int = 180) -> str:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise RuntimeError(tail[:200])
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def probe_sharding(table: dict) -> None:
+    for name in ("anybind", "torch2jax", "torch-jax-interop"):
+        try:
+            table.setdefault(name, {}).update(json.loads(_fresh(_SHARD_PROBE, name)))
+        except Exception as e:  # noqa: BLE001
+            table.setdefault(name, {})["sharding"] = _err(e)
+
+
+# -------------------------------------------------------- JAX code in torch
+
+def jax_in_torch(t1: torch.Tensor) -> dict[str, Callable]:
+    """Each package's f(x1, x2) as a torch function (a constructor per package).
+
+    torch-jax-interop's module holds x1 as its parameter: its f ignores the
+    first argument and differentiates in the parameter instead.
+    """
+    def anybind_():
+        return ab.to_torch(jf, name="f")
+
+    def jax2torch_():
+        from jax2torch import jax2torch
+        return jax2torch(jax.jit(jf))
+
+    def wrapped_():
+        from torch_jax_interop import WrappedJaxFunction
+        m = WrappedJaxFunction(lambda p, x: p * x ** 2, jnp.asarray(t1.detach().numpy()))
+        f = lambda a, b: m(b)
+        f.params = list(m.parameters())
+        return f
+
+    def interop_fn_():
+        from torch_jax_interop import jax_to_torch
+        f = jax_to_torch(jax.jit(jf))
+        f.forward_only = True
+        return f
+
+    return {"native torch": lambda: tf, "anybind": anybind_, "jax2torch": jax2torch_,
+            "torch-jax-interop": wrapped_, "torch-jax-interop jax_to_torch": interop_fn_}
+
+
+def _backward(f, t1, t2):
+    leaves = [t2] + getattr(f, "params", [t1])
+
+    def run_():
+        y = f(t1, t2)
+        return torch.autograd.grad(y, leaves, torch.ones_like(y))
+    return run_
+
+
+def time_jax_in_torch(repeats: int, sample_s: float, errors: dict) -> dict:
+    out: dict = {"forward": {}, "forward+backward": {}}
+    for n in SIZES:
+        t1, t2 = (torch.from_numpy(np.random.default_rng(3).random(n)).clone()
+                  for _ in range(2))  # torch's own (aligned) memory
+        g1, g2 = t1.clone().requires_grad_(), t2.clone().requires_grad_()
+        want = tf(t1, t2)
+        thunks = {}
+        for name, make in jax_in_torch(t1).items():
+            try:
+                f = make()
+                torch.testing.assert_close(f(t1, t2), want, rtol=1e-12, atol=0)
+                thunks[f"{name}|forward"] = lambda f=f: f(t1, t2)
+                if not getattr(f, "forward_only", False):
+                    bwd = _backward(f, g1, g2)
+                    got = bwd()
+                    torch.testing.assert_close(got[0], 2 * t1 * t2, rtol=1e-12, atol=0)
+                    thunks[f"{name}|forward+backward"] = bwd
+            except Exception as e:  # noqa: BLE001
+                errors.setdefault(("jax→torch", name), _err(e))
+                thunks.pop(f"{name}|forward", None)
+        res = run.measure(thunks, repeats, sample_s)
+        for key, r in res.items():
+            name, what = key.split("|")
+            out[what].setdefault(n, {})[name] = {k: r[k] for k in ("min_us", "median_us")}
+    return out
+
+
+def probe_jax_in_torch() -> dict:
+    t1, t2, dt = (torch.from_numpy(np.random.default_rng(4).random(4)).clone() for _ in range(3))
+    probes = {
+        "forward mode": lambda f: torch.func.jvp(lambda b: f(t1, b), (t2,), (dt,))[1],
+        "hessian": lambda f: torch.func.hessian(lambda b: f(t1, b).sum())(t2),
+        "vmap": lambda f: torch.vmap(lambda b: f(t1, b))(torch.stack([t2, dt])),
+    }
+    table: dict = {}
+    for name, make in jax_in_torch(t1).items():
+        if name.startswith("native") or name.endswith("jax_to_torch"):
+            continue
+        row = table.setdefault(name, {"sharding": "–"})
+        try:
+            f = make()
+        except Exception as e:  # noqa: BLE001
+            row.update({p: _err(e) for p in probes})
+            continue
+        for p, do in probes.items():
+            try:
+                torch.testing.assert_close(do(f), do(tf), rtol=1e-12, atol=1e-14)
+                row[p] = "ok"
+            except AssertionError:
+                row[p] = "wrong values"
+            except Exception as e:  # noqa: BLE001
+                row[p] = _err(e)
+    return table
+
+
+# ------------------------------------------------------- import to first call
+
+_FIRST_CALL = """
+import sys, time
+t0 = time.perf_counter()
+import jax, numpy as np, torch
+jax.config.update("jax_enable_x64", True)
+which, x = sys.argv[1], np.arange(1.0, 5.0)
+f = lambda a, b: a * b ** 2
+if which == "torch→jax native":
+    y = jax.jit(f)(x, x)
+elif which == "torch→jax anybind":
+    import anybind as ab
+    y = jax.jit(ab.from_torch(f))(x, x)
+elif which == "torch→jax torch2jax":
+    from torch2jax import t2j
+    y = jax.jit(t2j(f))(x, x)
+elif which == "torch→jax torch-jax-interop":
+    from torch_jax_interop.to_jax_module import torch_module_to_jax
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+        def forward(self, v):
+            return self.w * v ** 2
+    apply, p = torch_module_to_jax(Scale(), example_output=torch.zeros(4, dtype=torch.float64))
+    y = jax.jit(apply)(p, x)
+else:
+    t = torch.arange(1.0, 5.0, dtype=torch.float64)
+    if which == "jax→torch native":
+        y = f(t, t)
+    elif which == "jax→torch anybind":
+        import anybind as ab
+        y = ab.to_torch(f)(t, t)
+    elif which == "jax→torch jax2torch":
+        from jax2torch import jax2torch
+        y = jax2torch(f)(t, t)
+    else:
+        from torch_jax_interop import WrappedJaxFunction
+        y = WrappedJaxFunction(lambda p, v: p * v ** 2, jax.numpy.ones(4))(t)
+np.asarray(y.detach() if isinstance(y, torch.Tensor) else y)
+print(time.perf_counter() - t0)
+"""
+
+
+def first_calls() -> dict:
+    out = {}
+    for d, names in (("torch→jax", ("native", "anybind", "torch2jax", "torch-jax-interop")),
+                     ("jax→torch", ("native", "anybind", "jax2torch", "torch-jax-interop"))):
+        for name in names:
+            try:
+                out[f"{d} {name}"] = float(_fresh(_FIRST_CALL, f"{d} {name}"))
+            except Exception as e:  # noqa: BLE001
+                out[f"{d} {name}"] = _err(e)
+    return out
+
+
+# ------------------------------------------------------------------ reporting
+
+def versions() -> dict:
+    from importlib import metadata
+    got = {"jax": jax.__version__, "torch": torch.__version__, "numpy": np.__version__}
+    for p in ("anybind", "torch2jax", "jax2torch", "torch-jax-interop", "chex"):
+        try:
+            got[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            got[p] = None
+    return got
+
+
+def _times(title: str, res: dict, base: str) -> str:
+    names = list(dict.fromkeys(k for r in res.values() for k in r))
+    rows = []
+    for name in names:
+        row = [name]
+        for n in SIZES:
+            r, b = res.get(n, {}).get(name), res.get(n, {}).get(base)
+            row.append("–" if r is None else f"{run._fmt(r['min_us'])} ({run._fmt(r['median_us'])})"
+                       + ("" if b is None or name == base else f" ×{r['min_us'] / b['min_us']:.2g}"))
+        rows.append(row)
+    return "\n".join([f"**{title}** — µs per call, min (median), ×: min over {base}'s", "",
+                      run._md(["route"] + [f"n = {n:,}" for n in SIZES], rows)])
+
+
+def _capabilities(title: str, table: dict, first: dict, direction: str) -> str:
+    cols = ("forward mode", "hessian", "vmap", "sharding")
+    rows = []
+    for name, row in table.items():
+        t = first.get(f"{direction} {name}")
+        t = "–" if t is None else (f"{t:.1f} s" if isinstance(t, float) else t)
+        rows.append([name] + [row.get(c, "–") for c in cols] + [t])
+    native = first.get(f"{direction} native")
+    note = f"(native: {native:.1f} s)" if isinstance(native, float) else ""
+    return "\n".join([f"**{title}** {note}", "", run._md(
+        ["package", *cols, "import → first call"], rows)])
+
+
+def markdown(res: dict) -> str:
+    info, errs = res["machine"], res["errors"]
+    head = (f"Machine: {info['cpu']}, {info['cores']} cores (shared); jax {res['versions']['jax']}, "
+            f"torch {res['versions']['torch']}, torch2jax {res['versions']['torch2jax']}, "
+            f"jax2torch {res['versions']['jax2torch']}, torch-jax-interop "
+            f"{res['versions']['torch-jax-interop']}; load average at start "
+            f"{tuple(round(x, 1) for x in info.get('load_avg', ()))}; {res['repeats']} samples "
+            f"per route.")
+    parts = [head, "", "#### torch code in JAX", "",
+             _times("jit(f)", res["torch→jax"]["forward"], "native jax.numpy"), "",
+             _times("jit(grad(sum f))", res["torch→jax"]["jit(grad)"], "native jax.numpy"), "",
+             _capabilities("Transformations", res["torch→jax capabilities"], res["first call"],
+                           "torch→jax"), "",
+             "#### JAX code in torch", "",
+             _times("f", res["jax→torch"]["forward"], "native torch"), "",
+             _times("f, then torch.autograd.grad", res["jax→torch"]["forward+backward"],
+                    "native torch"), "",
+             _capabilities("Transformations", res["jax→torch capabilities"], res["first call"],
+                           "jax→torch")]
+    if errs:
+        parts += ["", "Errors (the route is left out of the timings):", ""]
+        parts += [f"- {d}, {name}: `{e}`" for (d, name), e in
+                  ((tuple(k.split(" / ")), v) for k, v in errs.items())]
+    return "\n".join(parts)
+
+
+def update_readme(text: str) -> None:
+    path = HERE / "README.md"
+    start, end = "<!-- bridges:start -->", "<!-- bridges:end -->"
+    doc = path.read_text()
+    i, j = doc.index(start) + len(start), doc.index(end)
+    path.write_text(doc[:i] + "\n" + text + "\n" + doc[j:])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--sample-ms", type=float, default=2.0)
+    ap.add_argument("--update-readme", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "bridges.json"))
+    args = ap.parse_args(argv)
+    repeats = args.repeats or (5 if args.quick else 15)
+    sample_s = args.sample_ms / 1e3
+    t0 = time.perf_counter()
+    errors: dict = {}
+    res: dict[str, Any] = {"machine": run.machine(), "versions": versions(), "repeats": repeats}
+    res["machine"].setdefault("load_avg", os.getloadavg())
+    res["torch→jax"] = time_torch_in_jax(repeats, sample_s, errors)
+    res["jax→torch"] = time_jax_in_torch(repeats, sample_s, errors)
+    caps = probe_torch_in_jax(errors)
+    probe_sharding(caps)
+    res["torch→jax capabilities"] = caps
+    res["jax→torch capabilities"] = probe_jax_in_torch()
+    res["first call"] = first_calls()
+    res["errors"] = {f"{d} / {n}": e for (d, n), e in errors.items()}
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    Path(args.out).write_text(json.dumps(res, indent=1, ensure_ascii=False) + "\n")
+    text = markdown(res)
+    print(text)
+    print(f"\n({res['seconds']} s)")
+    if args.update_readme:
+        update_readme(text)
+    return res
+
+
+if __name__ == "__main__":
+    main()

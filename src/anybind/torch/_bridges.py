@@ -1,0 +1,379 @@
+"""Bridges: torch code as anybind ops (``from_torch``), JAX code as torch operations (``to_torch``).
+
+A bridge is an adapter, not a second library: an ``ab.bind`` host op whose
+code is written for another framework and runs by that framework's engine
+(``_torch_engine``, ``_jax_engine``), with the same spec, roles and runners as
+every op:
+
+=================  =====================================================================
+piece              what it does
+=================  =====================================================================
+``from_torch``     torch code (a function or an ``nn.Module``) as an op; its ``op.torch``
+                   is the torch code itself (a round trip adds nothing)
+``to_torch``       JAX code as a torch operation: ``ab.bind(fn, traced=True).torch``,
+                   run by JAX (``jax_bridge``); a bridge of torch code goes back as itself
+``bridge``         the op: the engine's host code, its vmap rule, and traced jvp and vjp
+                   rules that call the derived bridges of the function
+``derived``        the bridge of the engine's jvp or vjp of the function, made once per
+                   op on first use: itself a bridge, so every order works
+``jax_bridge``     what ``op.torch`` runs for an op whose code is JAX (``to_torch``, and
+                   the torch front end's fallback for jax.numpy code)
+=================  =====================================================================
+
+A derived bridge's spec and shard rule come from its parent's: the jvp maps
+tangents like the inputs to tangents like the floating outputs; the vjp maps
+cotangents like the outputs to cotangents like the floating inputs, and may
+split only factors that every input has (one broadcast over a split factor
+would get a per-shard partial sum).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import numpy as np
+import torch
+from jax import tree_util
+
+from .. import _api
+from ..core import _closures, _sharding
+from ..core._jax import ShapedArray
+from ..core._spec import infer_outputs
+from . import _jax_engine, _torch_engine
+from ._front import TorchOp
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """One framework's way of running and transforming its own code (its ``_*_engine``)."""
+    name: str
+    host: Callable  # (fn, name) -> host function on NumPy views
+    device: Callable | None  # (fn, name) -> device function on CuPy views, or None
+    vmap: Callable  # (fn, name) -> host vmap rule
+    vmap_device: Callable | None
+    jvp_of: Callable
+    vjp_of: Callable
+    native: bool  # whether the code is torch code, so that op.torch is the code itself
+
+
+TORCH = Engine("torch", _torch_engine.TorchHost, _torch_engine.TorchDevice,
+               _torch_engine.TorchVmap, _torch_engine.TorchVmapDevice,
+               _torch_engine.torch_jvp_of, _torch_engine.torch_vjp_of, True)
+JAX = Engine("jax", _jax_engine.JaxHost, None, _jax_engine.JaxVmap, None,
+             _jax_engine.jax_jvp_of, _jax_engine.jax_vjp_of, False)
+
+
+class Bridge:
+    """What a bridge op keeps: its engine, function, batching and derived bridges."""
+
+    def __init__(self, engine: Engine, fn: Callable, vmap):
+        self.engine, self.fn, self.vmap = engine, fn, vmap
+        self.derived: dict = {}
+
+
+# ----------------------------------------------------------------- public API
+
+def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
+               shard: str | None = None, replicated: tuple[str, ...] = (),
+               examples: Callable[[], tuple] | None = None) -> _api.Op:
+    """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
+
+    Args:
+      fn: a function that takes and returns torch tensors (in pytrees), or an
+        ``nn.Module``: the op is then called as ``op(params, *inputs)``, with
+        ``params`` a dict from the names in ``module.state_dict()`` to arrays, and
+        runs ``torch.func.functional_call``; gradients flow to ``params``.
+      shape: the output spec, as for ``ab.bind``; by default torch's fake tensors
+        infer it (no data is touched).
+      name: the primitive's name; by default the function's (or module class's).
+      vmap: how ``jax.vmap`` batches it: ``None`` (``torch.vmap``, one call per
+        batch), ``"sequential"``, ``"vectorized"``, or a rule
+        ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)`` on tensors.
+      shard, replicated, examples: as for ``ab.bind``.
+
+    On the CPU, ``fn`` runs on tensors over XLA's own buffers (no copy), and
+    its results are written into XLA's output buffers. In a program for a GPU it
+    runs on XLA's device buffers and stream (``torch.cuda.ExternalStream``; this
+    needs CuPy and a CUDA build of torch). The jvp comes from ``torch.func.jvp``,
+    the vjp from ``torch.func.vjp`` and batching from ``torch.vmap``; each
+    derived rule is again such an op, so ``jax.hessian`` and ``jacfwd(jacrev)``
+    work. Rules given with ``op.def_jvp`` and friends replace the derived ones.
+    ``op.torch`` is ``fn`` itself (for a module, its ``functional_call``), with
+    torch's own derivatives: nothing of JAX runs in it.
+
+    >>> import anybind as ab, jax, jax.numpy as jnp, torch
+    >>> cube = ab.from_torch(lambda x: torch.sin(x) ** 3)
+    >>> float(jax.grad(cube)(1.0))  # 3 sin² cos at 1
+    1.1477...
+    >>> float(jax.hessian(cube)(1.0))  # 6 sin cos² - 3 sin³
+    -0.3135...
+    >>> net = torch.nn.Linear(3, 2)
+    >>> op = ab.from_torch(net)
+    >>> params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
+    >>> jax.grad(lambda p, x: op(p, x).sum())(params, jnp.ones(3))["bias"]
+    Array([1., 1.], dtype=float32)
+    """
+    if isinstance(fn, _api.Op):
+        return fn  # already an op, with its own op.torch
+    if isinstance(fn, TorchOp):
+        return _handle(fn.op)  # JAX code sent to torch and back: the op itself
+    if isinstance(fn, torch.nn.Module):
+        fn = _module_function(fn)
+    if not callable(fn):
+        raise TypeError(f"ab.from_torch expects a function of torch tensors or an "
+                        f"nn.Module, got {type(fn).__name__}")
+    if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
+        raise ValueError(f"ab.from_torch: vmap must be None (torch.vmap), 'sequential', "
+                         f"'vectorized' or a rule on tensors, got {vmap!r}")
+    name = name or getattr(fn, "__name__", None) or "torch_fn"
+    return bridge(TORCH, fn, name=name, shape=FakeSpec(fn, name) if shape is None else shape,
+                  vmap=vmap, shard=shard, replicated=replicated, examples=examples)
+
+
+def to_torch(fn: Callable, *, name: str | None = None) -> TorchOp:
+    """JAX code as a PyTorch operation: ``ab.bind(fn, traced=True).torch``, run by JAX.
+
+    ``fn`` runs compiled (``jax.jit``, once per shape and dtype) on zero-copy
+    views of the tensors, with x64 on so that float64 stays float64. Its
+    ``backward`` comes from ``jax.vjp``, forward AD from ``jax.jvp`` and
+    ``torch.vmap`` from ``jax.vmap``; each is again such an operation, so
+    every order works, under autograd, ``torch.func``, ``gradcheck`` and
+    ``gradgradcheck``, and under ``torch.compile`` as one opaque operation.
+    An anybind op goes as its own ``op.torch``: ``to_torch(ab.from_torch(g))``
+    is ``g``.
+
+    >>> import anybind as ab, jax.numpy as jnp, torch
+    >>> f = ab.to_torch(lambda x: jnp.sum(jnp.sin(x) ** 2))
+    >>> x = torch.tensor([0.5, 1.0], dtype=torch.float64, requires_grad=True)
+    >>> f(x).backward(); x.grad  # 2 sin cos = sin 2x
+    tensor([0.8415, 0.9093], dtype=torch.float64)
+    >>> torch.func.hessian(f)(x.detach()).diagonal()  # 2 cos 2x
+    tensor([ 1.0806, -0.8323], dtype=torch.float64)
+    """
+    if isinstance(fn, _api.Op):
+        return fn.torch
+    if isinstance(fn, TorchOp):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"ab.to_torch expects a JAX function, got {type(fn).__name__}")
+    front = _api.bind(fn, traced=True, name=name).torch
+    front.bridge = jax_bridge(front.op)  # explicit: JAX runs it, whatever the code is
+    return front
+
+
+def jax_bridge(core) -> TorchOp:
+    """``op.torch`` of an op whose code is JAX: its bridge run by JAX (made once per op).
+
+    The bridge's function is the op itself called in JAX, so its own rules (a
+    custom jvp, a traced transpose) are what JAX differentiates.
+    """
+    made = core.__dict__.get("_jax_bridge")
+    if made is None:
+        h = bridge(JAX, core, name=core.name, shape=EvalShape(core), vmap=None)
+        made = core.__dict__.setdefault("_jax_bridge", h._core.torch)
+    return made
+
+
+# ------------------------------------------------------------------ the bridge
+
+def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=None,
+           replicated=(), examples=None) -> _api.Op:
+    """An op running ``fn`` by ``engine``, with rules from the engine's transforms."""
+    opts = dict(shape=shape, name=name, shard=shard, replicated=replicated, examples=examples,
+                vmap=vmap if vmap in ("sequential", "vectorized") else None)
+    host = engine.host(fn, name)
+    if engine.device is not None:
+        handle = _api.bind(engine.device(fn, name), device=True, host=host, **opts)
+    else:
+        handle = _api.bind(host, **opts)
+    core = handle._core
+    if vmap is None or callable(vmap):  # the engine's vmap rule, or the user's on tensors
+        user = None if vmap is None else vmap
+        kw = {"out_batched": True} if user is None else {}
+        if engine.vmap_device is not None:
+            handle.def_vmap(engine.vmap_device(fn, name, user), device=True,
+                            host=engine.vmap(fn, name, user), **kw)
+        else:
+            handle.def_vmap(engine.vmap(fn, name), **kw)
+        core._vmap_declared, core.vmap = True, "sequential"  # for host rules the user adds
+    core.bridge = Bridge(engine, fn, vmap)
+    handle.def_jvp(_rule(core, "jvp"), traced=True)
+    handle.def_vjp(_rule(core, "vjp"), traced=True)
+    if engine.native:
+        core.__dict__["_torch_front"] = fn  # op.torch: the torch code itself
+    return handle
+
+
+def _rule(core, kind: str) -> Callable:
+    """The op's jvp or vjp rule: its derived bridge, called on (primals, tangents or ȳ)."""
+    def rule(primals, second, **kw):
+        return derived(core, kind)(primals, second, **kw)
+    rule.__name__ = f"{core.name}_{kind}_rule"
+    return _closures.closes_over_nothing(rule)
+
+
+def derived(core, kind: str):
+    """The bridge of the engine's jvp or vjp of the op's function (made on first use)."""
+    made = core.bridge.derived.get(kind)
+    if made is None:
+        b = core.bridge
+        fn = (b.engine.jvp_of if kind == "jvp" else b.engine.vjp_of)(b.fn)
+        vmap = b.vmap if b.vmap in ("sequential", "vectorized") else None
+        shard = Shard(core, kind) if core.shard is not None else None
+        h = bridge(b.engine, fn, name=f"{core.name}_{kind}", shape=Spec(core, kind),
+                   vmap=vmap, shard=shard)
+        made = b.derived.setdefault(kind, h._core)
+    return made
+
+
+# ---------------------------------------------------------------- specs, rules
+
+_DTYPES = {torch.bfloat16: np.dtype(jax.numpy.bfloat16)}
+
+
+def _np_dtype(t: torch.Tensor) -> np.dtype:
+    from ._front import _TORCH_TO_NP
+    got = _TORCH_TO_NP.get(t.dtype) or _DTYPES.get(t.dtype)
+    if got is None:
+        raise TypeError(f"the torch dtype {t.dtype} has no JAX counterpart")
+    return got
+
+
+def _torch_dtype(d) -> torch.dtype:
+    from ._front import _NP_TO_TORCH
+    d = np.dtype(d)
+    got = _NP_TO_TORCH.get(d) or {v: k for k, v in _DTYPES.items()}.get(d)
+    if got is None:
+        raise TypeError(f"the dtype {d} has no torch counterpart")
+    return got
+
+
+class FakeSpec:
+    """``shape=None`` of ``from_torch``: the output spec from torch's fake tensors."""
+
+    def __init__(self, fn: Callable, name: str):
+        self.fn, self.name = fn, name
+
+    def __repr__(self) -> str:
+        return "(inferred with torch's fake tensors)"
+
+    def __call__(self, *args, **kw):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                a, k = tree_util.tree_map(
+                    lambda s: torch.empty(s.shape, dtype=_torch_dtype(s.dtype))
+                    if isinstance(s, jax.ShapeDtypeStruct) else s, (args, kw))
+                out = self.fn(*a, **k)
+                return tree_util.tree_map(
+                    lambda t: jax.ShapeDtypeStruct(tuple(t.shape), _np_dtype(t))
+                    if isinstance(t, torch.Tensor) else t, out)
+        except Exception as e:
+            raise TypeError(
+                f"anybind op '{self.name}': with shape=None the output spec comes from running "
+                f"the torch function on fake tensors, which failed ({type(e).__name__}: {e}). "
+                f"Give shape= to ab.from_torch (ab.like(i), a jax.ShapeDtypeStruct pytree, or a "
+                f"callable of the inputs' ShapeDtypeStructs)") from None
+
+
+class EvalShape:
+    """The output spec of an op whose code is JAX: ``jax.eval_shape`` of the op."""
+
+    def __init__(self, core):
+        self.core = core
+
+    def __repr__(self) -> str:
+        return "(jax.eval_shape)"
+
+    def __call__(self, *args, **kw):
+        operands, static = _torch_engine.split_static(kw)
+        core = self.core
+        return jax.eval_shape(lambda a, k: core(*a, **k, **static), args, operands)
+
+
+def _parent_call(core, primals, kw):
+    """The parent op's ``Call`` for positional ShapeDtypeStructs ``primals`` and ``kw``."""
+    operands, static = _torch_engine.split_static(kw)
+    xs, args_tree = tree_util.tree_flatten(tuple(primals))
+    ks, kw_tree = tree_util.tree_flatten(operands)
+    static = tuple(sorted(static.items()))
+    aval = lambda s: ShapedArray(tuple(s.shape), np.dtype(s.dtype))
+    return core._make_call(args_tree, kw_tree, static, tuple(map(aval, xs)),
+                           tuple(map(aval, ks)), tuple(type(v) for _, v in static))
+
+
+def _float_or_none(s):
+    return s if np.dtype(s.dtype).kind in "fc" else None
+
+
+class Spec:
+    """A derived bridge's output spec from its parent's: floating leaves only."""
+
+    def __init__(self, core, kind: str):
+        self.core, self.kind = core, kind
+
+    def __repr__(self) -> str:
+        return f"(the {self.kind} of {self.core.name}'s spec)"
+
+    def __call__(self, primals, second, **kw):
+        if self.kind == "vjp":
+            return tuple(tree_util.tree_map(_float_or_none, tuple(primals)))
+        operands, static = _torch_engine.split_static(kw)
+        xs, args_tree = tree_util.tree_flatten(tuple(primals))
+        ks, kw_tree = tree_util.tree_flatten(operands)
+        aval = lambda s: ShapedArray(tuple(s.shape), np.dtype(s.dtype))
+        out_tree, out_avals, _ = infer_outputs(
+            self.core, args_tree, kw_tree, tuple(sorted(static.items())),
+            tuple(map(aval, xs)), tuple(map(aval, ks)))
+        return out_tree.unflatten([_float_or_none(jax.ShapeDtypeStruct(a.shape, a.dtype))
+                                   for a in out_avals])
+
+
+class Shard:
+    """A derived bridge's shard rule, written out per call from its parent's factors.
+
+    jvp: (x, ẋ, k) -> ẏ, every factor the parent may split; vjp: (x, ȳ, k) -> x̄,
+    only the factors every x̄ has (others stay whole, so no partial sums arise).
+    """
+
+    def __init__(self, core, kind: str):
+        self.core, self.kind = core, kind
+        self.__name__ = f"the {kind} of {core.name}'s shard rule"
+
+    def __call__(self, primals, second, **kw):
+        call = _parent_call(self.core, primals, kw)
+        fs = _sharding.factors_of(call)
+        xs, ks, outs = fs.ins[:fs.n_in], fs.ins[fs.n_in:], fs.outs
+        fx = [x for x, f in zip(xs, call.float_in) if f]
+        fy = [o for o, f in zip(outs, call.float_out) if f]
+        if self.kind == "jvp":
+            ops, res, keep = (*xs, *fx, *ks), fy, set(fs.splittable)
+        else:
+            ops, res = (*xs, *fy, *ks), fx
+            keep = {f for f in fs.splittable if all(f in r for r in res)}
+        if len(res) == 1 and not res[0]:
+            raise TypeError(f"anybind op '{self.core.name}': the {self.kind} of its shard rule "
+                            f"has one scalar output, which a rule cannot write")
+        side = lambda vs: ", ".join(" ".join(v) for v in vs)
+        ids = {f for v in (*ops, *res) for f in v}
+        return f"{side(ops)} -> {side(res)}", tuple(sorted(ids - keep))
+
+
+# ------------------------------------------------------------------- helpers
+
+def _module_function(module: torch.nn.Module) -> Callable:
+    """``(params, *inputs, **kw) -> module(*inputs, **kw)`` with ``params`` swapped in."""
+    def call_module(params, *inputs, **kw):
+        return torch.func.functional_call(module, params, inputs, kw)
+    call_module.__name__ = type(module).__name__
+    call_module.module = module
+    return call_module
+
+
+def _handle(core) -> _api.Op:
+    """An ``Op`` handle on an op's core."""
+    h = object.__new__(_api.Op)
+    object.__setattr__(h, "_core", core)
+    return h
+

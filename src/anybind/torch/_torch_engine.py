@@ -1,0 +1,332 @@
+"""The torch engine of the bridges: torch code on NumPy views of XLA's buffers.
+
+What ``ab.from_torch`` needs from torch (see ``_bridges``):
+
+================  ==================================================================
+piece             what it does
+================  ==================================================================
+``TorchHost``     fn on tensors over the views (DLPack, ``torch.from_numpy``: no copy
+                  in), NumPy views of its results out (XLA's runner copies them into
+                  its output buffers); an input written in place is an error
+``TorchDevice``   the same on CuPy views of XLA's device buffers, on XLA's stream
+``TorchVmap``     the vmap rule: ``torch.vmap`` of fn, one call for the whole batch
+``torch_jvp_of``  (x, ẋ) ↦ ∂f(x)·ẋ by torch's forward mode
+``torch_vjp_of``  (x, ȳ) ↦ ∂f(x)ᵀ·ȳ by torch's reverse mode, in JAX's convention
+================  ==================================================================
+
+A derived function is again torch code, so the same engine runs it and
+differentiates it again. Derived functions keep one form, in both engines:
+
+- ``jvp(primals, tangents, **kw)``: a pytree like the output, ``None`` at integer
+  leaves; ``tangents`` is like ``primals`` with ``None`` at integer leaves.
+- ``vjp(primals, ct, **kw)``: x̄ = ∂f(x)ᵀ·ȳ (transposed, not conjugated), one
+  pytree per positional argument with ``None`` at integer leaves; ``ct`` is like
+  the output with ``None`` at integer leaves.
+
+Zero tangents and cotangents arrive as zero arrays, never ``None``, at floating
+leaves.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import jax
+import numpy as np
+import torch
+from jax import tree_util
+from torch.autograd import forward_ad
+
+from ..core._errors import HostError
+
+# ----------------------------------------------------------- arrays across
+
+_BF16 = np.dtype(jax.numpy.bfloat16)
+
+
+def _view_reader() -> Callable[[np.ndarray], torch.Tensor]:
+    """Read-only NumPy array -> tensor over its memory, by a versioned DLPack capsule
+    straight to torch (torch.from_dlpack's own checks cost twice as much); torch's
+    public function where this torch cannot read such capsules."""
+    probe = np.zeros(1)
+    probe.flags.writeable = False
+    try:
+        torch._C._from_dlpack(probe.__dlpack__(max_version=(1, 0)))
+    except Exception:  # noqa: BLE001  (an older torch or NumPy)
+        return torch.from_dlpack
+    read = torch._C._from_dlpack
+    return lambda a: read(a.__dlpack__(max_version=(1, 0)))
+
+
+view_tensor = _view_reader()
+
+
+def as_tensor(a) -> torch.Tensor:
+    """A tensor over the array's memory: no copy (read-only views through DLPack)."""
+    if type(a) is np.ndarray:
+        if a.dtype == _BF16:
+            return as_tensor(a.view(np.uint16)).view(torch.bfloat16)
+        if a.flags.writeable:
+            return torch.from_numpy(a)
+        return view_tensor(a)  # torch.from_numpy would warn about read-only memory
+    if isinstance(a, np.generic):
+        return torch.from_numpy(np.array(a))
+    return torch.from_dlpack(a)  # a device array (CuPy)
+
+
+def as_numpy(t) -> np.ndarray:
+    """A NumPy view of a CPU tensor (a copy only where torch keeps a lazy conj/neg)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def _is_float(t) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _conj(t):
+    return t.conj() if t is not None and t.is_complex() else t
+
+
+def split_static(kw: dict) -> tuple[dict, dict]:
+    """Keyword operands (pytrees of arrays) apart from static keywords."""
+    operands, static = {}, {}
+    for k, v in kw.items():
+        leaves = tree_util.tree_leaves(v)
+        if leaves and all(isinstance(l, (np.ndarray, np.generic, jax.Array, torch.Tensor,
+                                         jax.ShapeDtypeStruct)) or hasattr(l, "__dlpack__")
+                          for l in leaves):
+            operands[k] = v
+        else:
+            static[k] = v
+    return operands, static
+
+
+def over(tree, fn):
+    return tree_util.tree_map(fn, tree)
+
+
+# -------------------------------------------------------------------- torch
+
+class TorchHost:
+    """A torch function as host code: tensors over NumPy views, NumPy arrays out.
+
+    Inputs are XLA's buffers: the function must not write into them. A tensor
+    whose version counter moved (an in-place update, such as a BatchNorm's
+    running statistics in training mode) is reported as an error.
+    """
+
+    def __init__(self, fn: Callable, name: str):
+        self.fn, self.__name__ = fn, name
+
+    def __repr__(self) -> str:
+        return f"<torch code of {self.__name__}>"
+
+    def __call__(self, *args, **kw):
+        if not kw and all(type(a) is np.ndarray for a in args):  # the common case
+            ts = [as_tensor(a) for a in args]
+            out = self.fn(*ts)
+        else:
+            ts = []
+            args, kw = over((args, kw), _collect(ts, as_tensor, (np.ndarray, np.generic)))
+            out = self.fn(*args, **kw)
+        _untouched(self.__name__, ts)
+        if isinstance(out, torch.Tensor):
+            return as_numpy(out)
+        return over(out, as_numpy)
+
+
+class TorchDevice(TorchHost):
+    """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``)."""
+
+    def __call__(self, *args, stream: int, **kw):
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"anybind op '{self.__name__}' runs torch code in a GPU program, which needs "
+                f"a CUDA build of torch; this one ({torch.__version__}) has none")
+        import cupy
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+            ts = []
+            args, kw = over((args, kw), _collect(ts, torch.from_dlpack, cupy.ndarray))
+            out = self.fn(*args, **kw)
+            _untouched(self.__name__, ts)
+            return over(out, lambda t: cupy.from_dlpack(t.detach())
+                         if isinstance(t, torch.Tensor) else t)
+
+
+def _collect(ts: list, convert: Callable, kinds) -> Callable:
+    """A leaf map that converts arrays of ``kinds`` into tensors, keeping them in ``ts``."""
+    def leaf(a):
+        if isinstance(a, kinds):
+            ts.append(convert(a))
+            return ts[-1]
+        return a
+    return leaf
+
+
+def _untouched(name: str, ts) -> None:
+    for i, t in enumerate(ts):
+        if t._version:
+            raise HostError(
+                f"anybind op '{name}': the torch function wrote into its input leaf {i} "
+                f"({tuple(t.shape)}, {t.dtype}) in place; its inputs are XLA's buffers, which "
+                f"are immutable. Compute out of place (for a module: call .eval() to stop "
+                f"BatchNorm-like layers updating their statistics)")
+
+
+def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
+    """g(*v): fn with the leaves at ``idx`` replaced by v, its floating output leaves."""
+    def g(*vs):
+        full = list(leaves)
+        for i, v in zip(idx, vs):
+            full[i] = v
+        outs, seen["tree"] = tree_util.tree_flatten(fn(*tree.unflatten(full), **kw))
+        seen["float"] = [_is_float(o) for o in outs]
+        return tuple(o for o, f in zip(outs, seen["float"]) if f)
+    return g
+
+
+# torch numbers forward-AD levels process-wide, and a level must be left in the order it
+# was entered: jvps that XLA runs at once on several threads (per shard, or independent
+# calls of one program) take turns. Reentrant: a jvp of a jvp nests in one thread.
+_FORWARD_AD = threading.RLock()
+
+
+_DERIVED = "__anybind_derived__"  # a jvp or vjp made here: it differentiates inside
+
+
+def _plain(fn, ts) -> bool:
+    """Whether torch's plain autograd may compute a jvp or vjp of ``fn`` here, at a
+    quarter of torch.func's cost: nothing differentiates this call (host code run by
+    XLA), and ``fn`` is first-order user code. Under a transform (the call is itself
+    being differentiated), or for a derivative of a derivative, torch.func composes."""
+    return not (getattr(fn, _DERIVED, False)
+                or torch._C._are_functorch_transforms_active()
+                or forward_ad._current_level >= 0
+                or any(t.requires_grad for t in ts))
+
+
+def _tangents(fn, g, xs, ts) -> tuple:
+    """The tangents of g's outputs at xs along ts (g: fn on some of its leaves)."""
+    if _plain(fn, [*xs, *ts]):
+        try:
+            with forward_ad.dual_level():
+                outs = g(*[forward_ad.make_dual(x, t) for x, t in zip(xs, ts)])
+                dual = [forward_ad.unpack_dual(o) for o in outs]
+            return tuple(torch.zeros_like(d.primal) if d.tangent is None else d.tangent
+                         for d in dual)
+        except RuntimeError:  # code that takes torch.func transforms itself
+            pass
+    return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
+
+
+def _cotangents(fn, g, xs, cts_of: Callable) -> tuple:
+    """The cotangents of xs (torch's convention) for g's outputs' ``cts_of()``."""
+    if _plain(fn, xs):
+        try:
+            with torch.enable_grad():
+                vs = [x.detach().requires_grad_() for x in xs]
+                outs = g(*vs)
+                used = [(o, c) for o, c in zip(outs, cts_of()) if o.requires_grad]
+                got = torch.autograd.grad([o for o, _ in used], vs, [c for _, c in used],
+                                          allow_unused=True) if used else [None] * len(vs)
+            return tuple(torch.zeros_like(x) if c is None else c for x, c in zip(xs, got))
+        except RuntimeError:  # code that takes torch.func transforms itself
+            pass
+    _, pullback = torch.func.vjp(g, *xs)
+    return pullback(cts_of())
+
+
+def torch_jvp_of(fn: Callable) -> Callable:
+    """(x, ẋ) ↦ ∂f(x)·ẋ by torch's forward-mode AD (which matches JAX's jvp)."""
+    def jvp(primals, tangents, **kw):
+        leaves, tree = tree_util.tree_flatten(tuple(primals))
+        tans = tree.flatten_up_to(tuple(tangents))
+        idx = [i for i, (p, t) in enumerate(zip(leaves, tans)) if t is not None and _is_float(p)]
+        seen: dict = {}
+        g = _float_outputs(fn, leaves, tree, idx, kw, seen)
+        if idx:
+            with _FORWARD_AD:
+                touts = _tangents(fn, g, [leaves[i] for i in idx], [tans[i] for i in idx])
+        else:
+            touts = tuple(torch.zeros_like(o) for o in g())
+        it = iter(touts)
+        return seen["tree"].unflatten([next(it) if f else None for f in seen["float"]])
+    jvp.__name__ = f"jvp_of_{getattr(fn, '__name__', 'fn')}"
+    setattr(jvp, _DERIVED, True)
+    return jvp
+
+
+def torch_vjp_of(fn: Callable) -> Callable:
+    """(x, ȳ) ↦ ∂f(x)ᵀ·ȳ by torch's reverse mode: x̄ = conj(vjp_torch(conj(ȳ)))."""
+    def vjp(primals, ct, **kw):
+        leaves, tree = tree_util.tree_flatten(tuple(primals))
+        idx = [i for i, p in enumerate(leaves) if _is_float(p)]
+        seen: dict = {}
+        g = _float_outputs(fn, leaves, tree, idx, kw, seen)
+        full = [None] * len(leaves)
+        if idx:
+            def cts_of():
+                cts = seen["tree"].flatten_up_to(ct)
+                return tuple(_conj(c) for c, f in zip(cts, seen["float"]) if f)
+            got = _cotangents(fn, g, [leaves[i] for i in idx], cts_of)
+            for i, c in zip(idx, got):
+                full[i] = _conj(c)
+        return tuple(tree.unflatten(full))
+    vjp.__name__ = f"vjp_of_{getattr(fn, '__name__', 'fn')}"
+    setattr(vjp, _DERIVED, True)
+    return vjp
+
+
+class TorchVmap:
+    """The vmap rule of torch code: ``torch.vmap`` of it, one call for the whole batch
+    (or ``rule``, the user's vmap rule on tensors)."""
+
+    def __init__(self, fn: Callable, name: str, rule: Callable | None = None):
+        self.fn, self.__name__, self.rule = fn, name, rule
+
+    def batched(self, axis_size, in_batched, *args, **kw):
+        """The rule on torch tensors: ``(out, out_batched)``."""
+        if self.rule is not None:
+            return self.rule(axis_size, in_batched, *args, **kw)
+        operands = {k: kw[k] for k in in_batched.kwargs}
+        static = {k: v for k, v in kw.items() if k not in in_batched.kwargs}
+        leaves, tree = tree_util.tree_flatten((args, operands))
+        flags = tree.flatten_up_to((tuple(in_batched), dict(in_batched.kwargs)))
+        fn, seen = self.fn, {}
+
+        def g(*ls):
+            a, k = tree.unflatten(ls)
+            outs, seen["tree"] = tree_util.tree_flatten(fn(*a, **k, **static))
+            return tuple(outs)
+        outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags))(*leaves)
+        return seen["tree"].unflatten(list(outs)), True
+
+    def __call__(self, axis_size, in_batched, *args, **kw):
+        flag = []
+
+        def run(*a, **k):
+            out, b = self.batched(axis_size, in_batched, *a, **k)
+            flag.append(b)
+            return out
+        return TorchHost(run, self.__name__)(*args, **kw), flag[0]
+
+
+class TorchVmapDevice(TorchVmap):
+    """The same on CuPy views of XLA's device buffers, on XLA's stream."""
+
+    def __call__(self, axis_size, in_batched, *args, stream: int, **kw):
+        flag = []
+
+        def run(*a, **k):
+            out, b = self.batched(axis_size, in_batched, *a, **k)
+            flag.append(b)
+            return out
+        return TorchDevice(run, self.__name__)(*args, stream=stream, **kw), flag[0]
