@@ -63,6 +63,7 @@ class _Op:
         self.has_side_effect = bool(has_side_effect)
         self.examples = examples
         self._calls: dict = {}
+        self._version = 0  # the rules' version: front ends key their caches on it
         self._lock = threading.Lock()
         self._host_errors: dict = {}  # see core._errors.remember_host_error
         self.inplace = bool(out)
@@ -162,7 +163,9 @@ class _Op:
                 self.transpose_rules[argnum] = made
             with self._lock:
                 used = bool(self._calls)
+                self._version += 1
                 self._calls.clear()
+                self.__dict__.pop("_torch_front", None)  # op.torch's nodes hold the old rules
                 self._shard_factors.clear()
             if used:  # every program traced with the old rule is traced again at its next call
                 self._family.eager.programs.clear()

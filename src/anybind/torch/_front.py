@@ -258,7 +258,13 @@ class Node:
         """A traced function or rule run on torch tensors (differentiable by torch)."""
         call = self.call
         if self.by_vmap_rule:
-            leaves, flags = call_vmap_rule(call, self.rule.fn, self.batch, list(ops))
+            flags = []
+
+            def rule(*ops):  # run as traced code: JAX code in it makes the op run by JAX
+                leaves, got = call_vmap_rule(call, self.rule.fn, self.batch, list(ops))
+                flags.extend(got)
+                return leaves
+            leaves = traced(call, self.name, rule, ops)
             self._out_batched = [bool(f) for f in flags]
             outs = [l if f else _as_tensor(l).expand(self.shapes[j])
                     for j, (l, f) in enumerate(zip(leaves, flags))]
