@@ -288,6 +288,17 @@ def transpose_rule(role, cts, *operands, call: Call, batch, lin=None, need=None)
     return res
 
 
+def _in_operands(run, operands, und, float_out):
+    """``run`` as a function of the operands at ``und`` alone (the others fixed), with
+    its floating outputs."""
+    def f(*u):
+        full = list(operands)
+        for i, v in zip(und, u):
+            full[i] = v
+        return [o for o, fl in zip(run(*full), float_out) if fl]
+    return f
+
+
 def _transpose_traced(call: Call, batch, cts, operands, undefined):
     """A traced function transposes as the JAX code it is, in the operands being
     transposed, the others fixed (JAX raises if it is not linear in them); its custom
@@ -297,13 +308,7 @@ def _transpose_traced(call: Call, batch, cts, operands, undefined):
         run = vmapped(run, batch.mask, batch.size, batch.axes)
     und = [i for i, u in enumerate(undefined) if u]
     fo = call.float_out
-
-    def f(*u):
-        full = list(operands)
-        for i, v in zip(und, u):
-            full[i] = v
-        return [o for o, fl in zip(run(*full), fo) if fl]
-
+    f = _in_operands(run, operands, und, fo)
     sds = [jax.ShapeDtypeStruct(operands[i].aval.shape, operands[i].aval.dtype) for i in und]
     try:
         out = jax.linear_transpose(f, *sds)([_jax.instantiate_zeros(c)
@@ -324,14 +329,8 @@ def _transpose_partially_linear(fam, call: Call, batch, cts, operands, undefined
     """An op linear in some arguments: its transpose there is its VJP (at zero, say)."""
     und = [i for i, u in enumerate(undefined) if u]
     fo = call.float_out
-
-    def f(*u):
-        full = list(operands)
-        for i, v in zip(und, u):
-            full[i] = v
-        outs = fam["primal"].bind(*full, call=call, batch=batch)
-        return [o for o, fl in zip(outs, fo) if fl]
-
+    f = _in_operands(lambda *ops: fam["primal"].bind(*ops, call=call, batch=batch),
+                     operands, und, fo)
     zeros = [jnp.zeros(operands[i].aval.shape, operands[i].aval.dtype) for i in und]
     _, pullback = jax.vjp(f, *zeros)
     out = pullback([_jax.instantiate_zeros(c) for c, fl in zip(cts, fo) if fl])
