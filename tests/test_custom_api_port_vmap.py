@@ -163,7 +163,7 @@ def test_rule_output_vs_batching_output_mismatch():
     # the output right, the batching flags of another structure
     g = traced(jnp.sin, lambda axis_size, in_batched, xs: (jnp.cos(xs), [True, True]),
                name="g")
-    with pytest.raises(TypeError, match="'g': the vmap rule's out_batched"):
+    with pytest.raises(TypeError, match="'g': the vmap rule returned out_batched of structure"):
         jax.vmap(g)(jnp.arange(3.))
 
 

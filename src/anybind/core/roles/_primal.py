@@ -80,6 +80,11 @@ def call_vmap_rule(call: Call, fn: Callable, batch, ops) -> tuple[list, list]:
         raise TypeError(f"anybind op '{call.op.name}': the vmap rule must return a pair "
                         f"(out, out_batched), got {type(res).__name__}")
     out, out_batched = res
+    if call.leaf_out and isinstance(out, (tuple, list)):  # the outputs first, as JAX's
+        a = call.out_avals[0]
+        raise TypeError(
+            f"anybind op '{call.op.name}': the vmap rule returned {type(out).__name__} for "
+            f"{call.out_name(0)}; expected {a.update(shape=(batch.size,) + a.shape).str_short()}")
     leaves = flatten_outputs(call, "vmap", out)
     if isinstance(out_batched, (bool, np.bool_)):
         return leaves, [bool(out_batched)] * len(leaves)
