@@ -199,7 +199,10 @@ if __name__ != "__main__":
     def _api_objects():
         import anybind
         for name in anybind.__all__:
-            obj = getattr(anybind, name)
+            try:
+                obj = getattr(anybind, name)
+            except ImportError:  # the bridges need torch: the PyTorch step runs them (-k torch)
+                continue
             yield name, obj
             if name == "Op":
                 for member in ("def_jvp", "def_vjp", "def_transpose", "def_fwd", "def_bwd",

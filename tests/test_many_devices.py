@@ -25,6 +25,8 @@ def test_many_devices(name):
         [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
          str(HERE / "many_devices" / name)],
         env=env, capture_output=True, text=True, timeout=600, cwd=HERE.parent)
+    if proc.returncode == 5 and "SKIPPED" in proc.stdout:  # the whole file needs an extra
+        pytest.skip(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}"
 
 

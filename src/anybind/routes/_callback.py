@@ -16,6 +16,7 @@ piece              what it does
 """
 from __future__ import annotations
 
+import gc
 from sys import getrefcount
 from typing import Callable
 
@@ -74,8 +75,10 @@ def buffer_callback(guarded: Callable, n_out: int) -> Callable:
                     release_frames(e, True)
             raise
         if _held(ins) or _held(outs):
-            kept_views(what, [i for i in range(n) if getrefcount(ins[i]) > 2],  # list, argument
-                       [j for j in range(n_out) if getrefcount(outs[j]) > 2])
+            gc.collect()  # garbage awaiting the collector (reference cycles) may hold them
+            if _held(ins) or _held(outs):
+                kept_views(what, [i for i in range(n) if getrefcount(ins[i]) > 2],  # list, arg
+                           [j for j in range(n_out) if getrefcount(outs[j]) > 2])
         return ()
     return callback
 

@@ -475,6 +475,11 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     Py_CLEAR(outs);
     int held = 0; /* anyone but the handler holding a view or its lease */
     for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
+    if (held) { /* garbage awaiting the collector (reference cycles) may be what holds them */
+      PyGC_Collect();
+      held = 0;
+      for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
+    }
     if (held) {
       settle(vs, ls, n_in, n, what, res == NULL);
       if (res != NULL && PyErr_Occurred()) Py_CLEAR(res);
