@@ -379,19 +379,23 @@ def _output_at(path) -> str:
     return f"output {tree_util.keystr(path)}" if path else "the output"
 
 
-def split_kwargs(op, kwargs: dict):
-    """Separate keyword operands (pytrees of arrays) from static keywords."""
+def split_kwargs(op, kwargs: dict, is_array: Callable[[Any], bool] | None = None,
+                 kind: str = "an array"):
+    """Separate keyword operands (pytrees of arrays) from static keywords.
+
+    ``is_array``/``kind``: what a front end takes as an array (torch tensors, say)."""
+    is_array = is_array or _is_array
     operands, static = {}, []
     for name, value in kwargs.items():
         leaves = tree_util.tree_leaves(value)
-        if leaves and all(_is_array(l) for l in leaves):
+        if leaves and all(is_array(l) for l in leaves):
             operands[name] = value
             continue
         try:
             hash(value)
         except TypeError:
             raise TypeError(
-                f"anybind op '{op.name}': keyword argument '{name}' is neither an array "
+                f"anybind op '{op.name}': keyword argument '{name}' is neither {kind} "
                 f"(a non-differentiable operand) nor hashable (a static value); got "
                 f"{type(value).__name__}. Pass arrays, or make static values hashable "
                 f"(e.g. a tuple instead of a list)") from None

@@ -52,7 +52,7 @@ from ..core._batching import declared_out_batched
 from ..core._code import is_compiled
 from ..core._errors import HostError, MissingRuleError
 from ..core._jax import ShapedArray
-from ..core._spec import Batch, Call
+from ..core._spec import Batch, Call, split_kwargs
 from ..core.roles import (Layout, make_run, missing_rule_message, out_avals, out_names, role_name,
                           rule_of, uses_residuals)
 from ..core.roles import _primal
@@ -609,7 +609,8 @@ class TorchOp:
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         op = self.op
-        operands, static = _split_kwargs(op, kwargs) if kwargs else ({}, ())
+        operands, static = split_kwargs(op, kwargs, _is_tensor, "a tensor") if kwargs \
+            else ({}, ())
         xs, args_tree = tree_util.tree_flatten(args)
         ks, kw_tree = tree_util.tree_flatten(operands)
         xs = [_operand(op, x, f"positional input leaf {i}") for i, x in enumerate(xs)]
@@ -756,23 +757,8 @@ def _operand(op, x, what: str) -> torch.Tensor:
                     f"a NumPy array or a number, got {type(x).__name__}")
 
 
-def _split_kwargs(op, kwargs: dict):
-    """Keyword operands (pytrees of tensors or arrays) apart from static keywords."""
-    operands, static = {}, []
-    for name, value in kwargs.items():
-        leaves = tree_util.tree_leaves(value)
-        if leaves and all(isinstance(l, (torch.Tensor, np.ndarray, np.generic)) for l in leaves):
-            operands[name] = value
-            continue
-        try:
-            hash(value)
-        except TypeError:
-            raise TypeError(
-                f"anybind op '{op.name}': keyword argument '{name}' is neither a tensor "
-                f"(a non-differentiable operand) nor hashable (a static value); got "
-                f"{type(value).__name__}") from None
-        static.append((name, value))
-    return operands, tuple(sorted(static))
+def _is_tensor(x) -> bool:
+    return isinstance(x, (torch.Tensor, np.ndarray, np.generic))
 
 
 def _dispatch(op, *args, **kwargs):
