@@ -172,13 +172,7 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
 def _jax_jvp(call: Call, present, xs, ks, ts) -> list:
     fwd = make_run("primal", call, Rule(call.op.fn, True), None, None, jnp, ())
     fidx = [i for i, f in enumerate(call.float_in) if f]
-
-    def f(*fx):
-        full = list(xs)
-        for i, v in zip(fidx, fx):
-            full[i] = v
-        return [o for o, fl in zip(fwd(*full, *ks), call.float_out) if fl]
-
+    f = _in_operands(lambda *x: fwd(*x, *ks), xs, fidx, call.float_out)
     it = iter(ts)
     tangents = [next(it) if present[i] else jnp.zeros_like(xs[i]) for i in fidx]
     return jax.jvp(f, [xs[i] for i in fidx], tangents)[1]
