@@ -48,6 +48,8 @@ class AnybindReference(griffe.Extension):
             return
         runtime = importlib.import_module("anybind")
         for name in runtime.__all__:
+            if name in runtime._LAZY:  # functions that need torch to import, not classes
+                continue
             cls = getattr(runtime, name)
             if not inspect.isclass(cls) or name not in pkg.members:
                 continue

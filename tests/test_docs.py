@@ -13,8 +13,6 @@ block of the page. One or more of:
 - ``<!-- docs-test: requires MOD ... -->``: skipped unless every Python module
   MOD can be imported;
 - ``<!-- docs-test: requires-gpu -->``: skipped unless JAX sees a GPU;
-- ``<!-- docs-test: planned NAME ... -->``: shows planned API, skipped while
-  ``anybind`` lacks a NAME (and run once it has them all);
 - ``<!-- docs-test: file PATH -->``: the block (any language) is written to PATH
   in the working directory;
 - ``<!-- docs-test: shell -->``: the block (bash) is run by bash in the working
@@ -44,7 +42,7 @@ PAGES = sorted([*ROOT.glob("docs/**/*.md"), ROOT / "README.md"])
 
 _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
-KNOWN = {"requires", "requires-gpu", "planned", "file", "shell"}
+KNOWN = {"requires", "requires-gpu", "file", "shell"}
 
 
 @dataclasses.dataclass
@@ -110,12 +108,6 @@ def skip_reason(block: Block) -> str | None:
         return f"{block.where} needs {', '.join(missing)}, not installed"
     if block.marker("requires-gpu") is not None and not _have_gpu():
         return f"{block.where} needs a GPU seen by JAX"
-    planned = block.marker("planned")
-    if planned is not None:
-        import anybind
-        absent = [n for n in planned if not hasattr(anybind, n)]
-        if absent:
-            return f"{block.where} shows planned API, not built yet: ab.{', ab.'.join(absent)}"
     return None
 
 
@@ -218,7 +210,7 @@ if __name__ != "__main__":
         doc = obj.__doc__ if not isinstance(obj, str) else None
         if not doc or ">>>" not in doc:
             pytest.skip(f"ab.{name} has no example")
-        if "import torch" in doc and importlib.util.find_spec("torch") is None:
+        if re.search(r">>> (import|from) .*\btorch\b", doc) and not importlib.util.find_spec("torch"):
             pytest.skip(f"ab.{name}'s example needs torch, not installed")
         test = doctest.DocTestParser().get_doctest(doc, {}, name, None, 0)
         with jax.enable_x64(False):   # the examples show JAX's default dtypes

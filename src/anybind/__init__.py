@@ -16,6 +16,7 @@ package         what it holds (imports run down this table, never up)
 ==============  ====================================================================
 """
 import os as _os
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from ._api import Op, bind
 from .check import RuleError, check
@@ -34,6 +35,8 @@ __version__ = "0.1.0"
 _register_traceback_exclusion(_os.path.dirname(__file__))
 
 _LAZY = ("from_torch", "to_torch")  # need torch: imported at first use, not with anybind
+if _TYPE_CHECKING:  # what type checkers and the API reference see
+    from .torch._bridges import from_torch, to_torch
 
 
 def __getattr__(name: str):
