@@ -475,7 +475,8 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     Py_CLEAR(outs);
     int held = 0; /* anyone but the handler holding a view or its lease */
     for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
-    if (held) { /* garbage awaiting the collector (reference cycles) may be what holds them */
+    if (held && res != NULL) { /* garbage awaiting the collector (reference cycles) may hold them;
+                                  a failed call's frames are released instead (settle) */
       PyGC_Collect();
       held = 0;
       for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
