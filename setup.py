@@ -25,7 +25,9 @@ def _numpy_include_dir() -> str:
 
 setup(ext_modules=[
     Extension("anybind.routes._shim", sources=["src/anybind/routes/_shim.c"], include_dirs=[_include_dir()],
+              depends=["src/anybind/routes/_ffi.h"],
               extra_compile_args=["-O2"], optional=True),
     Extension("anybind.routes._pycall", sources=["src/anybind/routes/_pycall.c"],
+              depends=["src/anybind/routes/_ffi.h"],
               include_dirs=[_include_dir(), _numpy_include_dir()],
               extra_compile_args=["-O2"], optional=True)])

@@ -452,17 +452,12 @@ def _probe(bare_package, cache, marker):
 
 
 def _digest_and_suffix(bare_package) -> tuple[str, str]:
-    import hashlib
     import importlib.machinery
-    import os
-    import shutil
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") \
-        or shutil.which("clang")
     from pathlib import Path
-    header = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api" / "c_api.h"
+    from anybind.routes import _shimlib
+    _, include, cc = _shimlib._source()
     source = bare_package / "anybind" / "routes" / "_shim.c"
-    digest = hashlib.sha256(source.read_bytes() + header.read_bytes()
-                            + cc.encode()).hexdigest()[:16]
+    digest = _shimlib._digest(source, Path(include) / "xla" / "ffi" / "api" / "c_api.h", cc)
     return digest, importlib.machinery.EXTENSION_SUFFIXES[0]
 
 

@@ -23,7 +23,9 @@ route             module               runs
 ================  ===================  ===============================================
 
 What the host routes share (the runner of a role, its guard, the custom
-call) is in ``_host``. A new route is a new module and one line below.
+call) is in ``_host``; what the two C handlers share (the declared FFI version,
+the error constructor, XLA's metadata handshake) is in ``_ffi.h``. A new route
+is a new module and one line below.
 """
 from __future__ import annotations
 

@@ -39,12 +39,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "xla/ffi/api/c_api.h"
-
-/* The FFI API version this handler declares: the oldest whose structs it uses. XLA
-   accepts a handler no newer than itself, and jaxlib 0.8-0.10 speak 0.1-0.3, so a
-   handler built against newer headers still registers with an older jaxlib. */
-#define ANYBIND_FFI_API_MINOR 1
+#include "_ffi.h"
 
 /* XLA's dims are int64_t, NumPy's npy_intp: the handler passes one as the other. */
 _Static_assert(sizeof(npy_intp) == sizeof(int64_t), "anybind: npy_intp is not 64 bits");
@@ -56,30 +51,6 @@ static PyObject *registry = NULL;             /* dict: int key -> weakref to a c
 static PyArray_Descr *dtypes[N_DTYPES] = {0}; /* XLA_FFI_DataType -> NumPy dtype */
 
 /* ------------------------------------------------------------- helpers */
-
-static XLA_FFI_Error *fail(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *msg) {
-  XLA_FFI_Error_Create_Args args;
-  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.extension_start = NULL;
-  args.message = msg;
-  args.errc = code;
-  return api->XLA_FFI_Error_Create(&args);
-}
-
-static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
-  XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
-  if (ext->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
-      ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
-    return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                "anybind: XLA's FFI metadata is older than the FFI headers anybind was "
-                "built against; reinstall anybind against this jaxlib");
-  ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-  ext->metadata->api_version.extension_start = NULL;
-  ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-  ext->metadata->api_version.minor_version = ANYBIND_FFI_API_MINOR;
-  ext->metadata->traits = 0;
-  return NULL;
-}
 
 /* ---------------------------------------------------------------- leases
  *

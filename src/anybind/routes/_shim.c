@@ -42,12 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "xla/ffi/api/c_api.h"
-
-/* The FFI API version this handler declares: the oldest whose structs it uses. XLA
-   accepts a handler no newer than itself, and jaxlib 0.8-0.10 speak 0.1-0.3, so a
-   handler built against newer headers still registers with an older jaxlib. */
-#define ANYBIND_FFI_API_MINOR 1
+#include "_ffi.h"
 
 typedef int32_t (*anybind_fn)(void *const *ins, void *const *outs,
                               const int64_t *const *shapes, const int64_t *ranks,
@@ -226,15 +221,6 @@ int32_t anybind_shim_version(void) { return 2; }
 
 /* ------------------------------------------------------------- helpers */
 
-static XLA_FFI_Error *fail(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *msg) {
-  XLA_FFI_Error_Create_Args args;
-  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.extension_start = NULL;
-  args.message = msg;
-  args.errc = code;
-  return api->XLA_FFI_Error_Create(&args);
-}
-
 /* `text` (len bytes, or up to its NUL when len < 0) as UTF-8 into out: valid
    sequences copied, any other byte (and NUL) as \xNN, so that XLA's message
    decodes in Python whatever a compiled function wrote. */
@@ -317,21 +303,6 @@ static int64_t item_size(XLA_FFI_DataType t) {
 /* Whether an attribute's name is the literal `want` (its length known at compile time). */
 #define ATTR_IS(name, want) \
   ((name)->len == sizeof(want) - 1 && memcmp((name)->ptr, want, sizeof(want) - 1) == 0)
-
-static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
-  XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
-  if (ext->extension_base.struct_size < XLA_FFI_Metadata_Extension_STRUCT_SIZE ||
-      ext->metadata->struct_size < XLA_FFI_Metadata_STRUCT_SIZE)
-    return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                "anybind: XLA's FFI metadata is older than the FFI headers anybind was "
-                "built against; reinstall anybind against this jaxlib");
-  ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-  ext->metadata->api_version.extension_start = NULL;
-  ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-  ext->metadata->api_version.minor_version = ANYBIND_FFI_API_MINOR;
-  ext->metadata->traits = 0;
-  return NULL;
-}
 
 /* "float64[4, 3]" into out. */
 static void operand_into(char *out, size_t size, int32_t dtype, int64_t rank,

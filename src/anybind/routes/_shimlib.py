@@ -137,8 +137,9 @@ def _source() -> tuple[Path, Path, str | None]:
 
 
 def _digest(source: Path, header: Path, cc: str) -> str:
-    return hashlib.sha256(source.read_bytes() + header.read_bytes()
-                          + cc.encode()).hexdigest()[:16]
+    """What names a build: the shim's sources (``_shim.c``, ``_ffi.h``), XLA's header, the compiler."""
+    return hashlib.sha256(source.read_bytes() + (source.parent / "_ffi.h").read_bytes()
+                          + header.read_bytes() + cc.encode()).hexdigest()[:16]
 
 
 def _private_dir(path: Path) -> bool:
