@@ -32,9 +32,6 @@ def _ramp():
 @pytest.mark.parametrize("make", [_psum, _ramp], ids=["psum", "axis_index"])
 @pytest.mark.parametrize("transform", ["jit", "jvp", "grad", "vmap_named"])
 def test_manual_axes(make, transform):
-    if make is _psum and transform == "grad":
-        pytest.xfail("a traced op's derivative over psum inside shard_map is typed as "
-                     "not varying over 'x' (vma), JAX's is: 'Expected cotangent type'")
     op, ref = make()
     m = mesh()
     with jax.set_mesh(m):

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from . import _jax
 from ._batching import sum_unbatched, vmapped
 from ._errors import MissingRuleError
+from ._sharding import vary_like
 from .roles import (Layout, make_run, role_name, rule_of, traced_run, traced_tangents,
                      uses_residuals)
 from ._spec import Call, Rule, is_float
@@ -91,8 +92,8 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
                        batch.size, batch.axes)
     t_out = iter(core(*primals, *saved, *ts))
     tangents = [next(t_out) if f else None for f in out_float]
-    return outs, [_jax.Zero(jax.typeof(o).to_tangent_aval()) if t is None else t
-                  for o, t in zip(outs, tangents)]
+    return outs, [_jax.Zero(jax.typeof(o).to_tangent_aval()) if t is None
+                  else vary_like(t, jax.typeof(o)) for o, t in zip(outs, tangents)]
 
 
 def _closure_tangents(role, call: Call, lay: Layout, tangents) -> set:

@@ -360,6 +360,20 @@ def plan_factors(specs, ops_f, mesh, splittable, allowed, strict: Call | None = 
     return {f: a[0] if len(a) == 1 else a for f, a in plan.items()}
 
 
+def vary_like(value, aval):
+    """``value`` marked varying over the manual axes ``aval`` varies over and it does not.
+
+    Inside ``shard_map`` an op's outputs vary over the union of its operands' axes
+    (``typed``) while traced code can give a tangent that varies over fewer (a
+    ``psum`` in a traced jvp rule); the tangent takes its output's type.
+    """
+    missing = _jax.varying_axes(aval) - _jax.varying_axes(jax.typeof(value))
+    if not missing or not _jax.check_vma.value:
+        return value
+    mesh = _jax.get_abstract_mesh()
+    return _jax.pvary(value, tuple(n for n in mesh.axis_names if n in missing))
+
+
 def vary(args: Sequence) -> Sequence:
     """Inside ``shard_map`` with vma checks: every operand varies over the union of axes."""
     if not _jax.check_vma.value:
