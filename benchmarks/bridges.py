@@ -64,6 +64,24 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:160] if text else ''}"
 
 
+def _probe(row: dict, make, probes: dict, native, assert_close) -> None:
+    """Each probe on ``make()`` against the same probe on ``native``, into ``row``:
+    "ok", "wrong values", or the error it raised."""
+    try:
+        f = make()
+    except Exception as e:  # noqa: BLE001
+        row.update({p: _err(e) for p in probes})
+        return
+    for p, do in probes.items():
+        try:
+            assert_close(do(f), do(native))
+            row[p] = "ok"
+        except AssertionError:
+            row[p] = "wrong values"
+        except Exception as e:  # noqa: BLE001
+            row[p] = _err(e)
+
+
 def tf(a, b):
     return a * b ** 2
 
@@ -142,20 +160,8 @@ def probe_torch_in_jax(errors: dict) -> dict:
     for name, make in torch_in_jax(4).items():
         if name.startswith("native"):
             continue
-        row = table.setdefault(name, {})
-        try:
-            f = make()
-        except Exception as e:  # noqa: BLE001
-            row.update({p: _err(e) for p in probes})
-            continue
-        for p, do in probes.items():
-            try:
-                np.testing.assert_allclose(do(f), do(jf), rtol=1e-12, atol=1e-14)
-                row[p] = "ok"
-            except AssertionError:
-                row[p] = "wrong values"
-            except Exception as e:  # noqa: BLE001
-                row[p] = _err(e)
+        _probe(table.setdefault(name, {}), make, probes, jf,
+               lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14))
     return table
 
 
@@ -309,20 +315,8 @@ def probe_jax_in_torch() -> dict:
     for name, make in jax_in_torch(t1).items():
         if name.startswith("native") or name.endswith("jax_to_torch"):
             continue
-        row = table.setdefault(name, {"sharding": "–"})
-        try:
-            f = make()
-        except Exception as e:  # noqa: BLE001
-            row.update({p: _err(e) for p in probes})
-            continue
-        for p, do in probes.items():
-            try:
-                torch.testing.assert_close(do(f), do(tf), rtol=1e-12, atol=1e-14)
-                row[p] = "ok"
-            except AssertionError:
-                row[p] = "wrong values"
-            except Exception as e:  # noqa: BLE001
-                row[p] = _err(e)
+        _probe(table.setdefault(name, {"sharding": "–"}), make, probes, tf,
+               lambda x, y: torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14))
     return table
 
 

@@ -321,6 +321,18 @@ class _Op:
         constant) for the bwd rule, so an expensive intermediate (a
         factorisation, an ODE trajectory) is computed once. Host code; goes
         with ``def_bwd``. Usable as a decorator.
+
+        >>> import anybind as ab, numpy as np, jax
+        >>> ex = ab.bind(np.exp, shape=ab.like(0), name="ex")
+        >>> @ex.def_fwd(residuals=ab.like(0))
+        ... def _(x):
+        ...     y = np.exp(x)
+        ...     return y, y          # exp is its own derivative: keep it
+        >>> @ex.def_bwd
+        ... def _(y, ct):
+        ...     return (y * ct,)
+        >>> float(jax.grad(ex)(0.0))
+        1.0
         """
         self.residuals = residuals
         return self._set("fwd", rule, False, vmap=vmap, device=device, host=host)
@@ -335,6 +347,15 @@ class _Op:
 
         ``out=True``: called as ``bwd(residuals, cotangent, out=out, **kw)``, ``out``
         as for ``def_vjp(out=True)``; the rule writes every element and returns None.
+
+        >>> import anybind as ab, numpy as np, jax
+        >>> sq = ab.bind(np.square, shape=ab.like(0), name="sq")
+        >>> _ = sq.def_fwd(lambda x: (x * x, x), residuals=ab.like(0))
+        >>> @sq.def_bwd(out=True)
+        ... def _(x, ct, *, out):             # out: one view per argument
+        ...     np.multiply(2 * x, ct, out=out[0])
+        >>> float(jax.grad(sq)(3.0))
+        6.0
         """
         return self._set("bwd", rule, False, vmap=vmap, out=out, device=device, host=host)
 
@@ -360,6 +381,15 @@ class _Op:
         out=out, **kw)``, ``out`` a pytree like the output of writable views of
         XLA's buffers, each with the batch axis (length ``axis_size``) at 0; the
         rule writes every element and returns None (every output is batched).
+
+        >>> import anybind as ab, jax, jax.numpy as jnp
+        >>> total = ab.bind(lambda x: x.sum(), name="total",
+        ...                 shape=lambda x: jax.ShapeDtypeStruct((), x.dtype))
+        >>> @total.def_vmap
+        ... def _(size, in_batched, x):
+        ...     return x.sum(axis=1), True   # one NumPy call for the whole batch
+        >>> jax.vmap(total)(jnp.ones((4, 3)))
+        Array([3., 3., 3., 3.], dtype=float32)
         """
         if out_batched is not None and traced:
             raise TypeError(f"anybind op '{self.name}': out_batched= is for host vmap rules; "

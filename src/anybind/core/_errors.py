@@ -20,7 +20,16 @@ import traceback
 
 
 class MissingRuleError(NotImplementedError):
-    """A transformation needs a rule the op does not have."""
+    """A transformation needs a rule the op does not have.
+
+    >>> import anybind as ab, numpy as np, jax
+    >>> s = ab.bind(np.sin, shape=ab.like(0), name="sin")
+    >>> try:
+    ...     jax.grad(s)(1.0)
+    ... except ab.MissingRuleError as e:
+    ...     print(e)
+    anybind op 'sin' has no derivative rules; add op.def_jvp(rule) for forward mode ...
+    """
 
 
 MissingRuleError.__module__ = "anybind"  # as users name it: anybind.MissingRuleError
@@ -34,6 +43,18 @@ class HostError(RuntimeError):
     message ends with ``HostError: anybind op '…': …`` (see the docs' Debugging
     and errors guide);
     ``with ab.debug():`` re-raises the HostError itself there too.
+
+    >>> import anybind as ab, numpy as np
+    >>> def positive(x):
+    ...     if (x <= 0).any():
+    ...         raise ValueError("needs positive input")
+    ...     return np.log(x)
+    >>> log = ab.bind(positive, shape=ab.like(0), name="log")
+    >>> try:
+    ...     log(np.zeros(2))
+    ... except ab.HostError as e:
+    ...     print(e)
+    anybind op 'log': the function raised ValueError: needs positive input (in positive, ...)
     """
 
 
