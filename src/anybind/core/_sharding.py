@@ -23,6 +23,7 @@ piece               what it does
                     Explicit mesh axes carry the sharding the rule gives
 ``vary``            inside ``shard_map``: operands cast (``pvary``) to that
                     union, so transposes sum cotangents of invariant operands
+``vary_like``       a tangent from traced code cast to its output's type
 ==================  =========================================================
 
 Meaning of a rule ``"b n, n -> b n"`` with ``replicated=("n",)``: a factor
@@ -370,8 +371,7 @@ def vary_like(value, aval):
     missing = _jax.varying_axes(aval) - _jax.varying_axes(jax.typeof(value))
     if not missing or not _jax.check_vma.value:
         return value
-    mesh = _jax.get_abstract_mesh()
-    return _jax.pvary(value, tuple(n for n in mesh.axis_names if n in missing))
+    return _jax.pvary(value, _mesh_order(missing))
 
 
 def vary(args: Sequence) -> Sequence:
@@ -382,7 +382,9 @@ def vary(args: Sequence) -> Sequence:
     union = frozenset().union(*vmas)
     if not union:
         return args
+    return [a if v == union else _jax.pvary(a, _mesh_order(union - v)) for a, v in zip(args, vmas)]
+
+
+def _mesh_order(axes) -> tuple:
     mesh = _jax.get_abstract_mesh()
-    order = lambda s: tuple(n for n in mesh.axis_names if n in s) if not mesh.empty \
-        else tuple(sorted(s))
-    return [a if v == union else _jax.pvary(a, order(union - v)) for a, v in zip(args, vmas)]
+    return tuple(n for n in mesh.axis_names if n in axes) if not mesh.empty else tuple(sorted(axes))
