@@ -1,11 +1,11 @@
 """Random stacks of transformations on every kind of op, against the same stack on pure JAX.
 
-Hypothesis draws an op (host or traced, linear or not, pytree in and out,
-integer outputs, keyword operands and static keywords, every vmap mode,
+Hypothesis draws an op (host, traced or compiled, linear or not, pytree in and
+out, integer outputs, keyword operands and static keywords, every vmap mode,
 ``def_fwd``/``def_bwd``, ``out=True``), a dtype (float32/64, complex64/128,
-with x64 on or off) and a stack of up to ``DEPTH`` transformations, each with
-random parameters; the stack applied to the op must give what it gives
-applied to the op's pure-JAX reference.
+with x64 on or off; those the op supports) and a stack of up to ``DEPTH``
+transformations, each with random parameters; the stack applied to the op must
+give what it gives applied to the op's pure-JAX reference.
 
 =====================  =========================================================
 layer                  what it does to f(*args)
@@ -24,13 +24,22 @@ grad, hessian          of Σ f (holomorphic for complex) in one argument
 jacfwd, jacrev         in one argument (holomorphic for complex)
 =====================  =========================================================
 
+Compiled ops (``compiled_ops.py``, float64 only) come in every importable
+flavour (ctypes, cffi, Numba): x1·x2² with compiled jvp and vjp, a linear
+cumsum with a compiled transpose, exp with a compiled fwd/bwd pair, axpby with
+a compiled vjp only (no forward mode), abs_count (float and int64 outputs) and
+scale_int (an int64 operand).
+
 Profiles: ``ci`` (default: a fixed set of examples, about a minute) and
 ``long`` (``ANYBIND_FUZZ=long``, ``ANYBIND_FUZZ_EXAMPLES`` examples, default 10⁴).
+``ANYBIND_FUZZ_OPS`` (comma-separated name prefixes, e.g. ``compiled_``) limits
+the drawn ops; ``ANYBIND_FUZZ_LOG`` names a file that gets one line per example.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import os
 from typing import Any, Callable
 
@@ -38,19 +47,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import strategies as st
 
 import anybind as ab
+import compiled_ops as co
+from fuzzing import Fixed, fuzz
 from helpers import assert_tree_close
-from ops import CASES, LINEAR_CASES, VMAP_MODES, Case, _mode
+from ops import CASES, LINEAR_CASES, VMAP_MODES, Case, _mode, mul_ref
 
-settings.register_profile(
-    "ci", max_examples=40, derandomize=True, deadline=None, database=None,
-    suppress_health_check=list(HealthCheck), print_blob=True)
-settings.register_profile(
-    "long", max_examples=int(os.environ.get("ANYBIND_FUZZ_EXAMPLES", 10_000)), deadline=None,
-    database=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-PROFILE = os.environ.get("ANYBIND_FUZZ", "ci")
 
 DEPTH = 3
 MAX_ORDER = 2  # derivative layers (hessian counts 2) on ops whose rules allow every order
@@ -113,7 +117,9 @@ class Fuzzed:
     modes: tuple = VMAP_MODES
     real: bool = True
     complex: bool = True
-    order: int = 1  # host rules: first derivatives only
+    order: int = 1  # host (or compiled) rules: first derivatives only
+    dtypes: tuple | None = None  # None: every dtype of DTYPES
+    forward: bool = True  # False: no jvp rule, reverse mode only
 
 
 OPS = [
@@ -129,6 +135,39 @@ OPS = [
     Fuzzed(Case("traced_fn", traced_fn, _traced_ref, lambda: (_rn(2, 23), _rn(2, 24))),
            modes=("sequential",), order=MAX_ORDER),
 ]
+
+
+# ------------------------------------------------------------------ compiled ops
+
+def _scale_int_ref(x):
+    return co.scale_int_ref(x, _K)
+
+
+_K = np.array([2, -1, 3], dtype=np.int64)
+_C_MODES = ("sequential", "vectorized")
+_F64 = dict(dtypes=(np.float64,), complex=False)
+_FLAVOURS = [f for f in co.FLAVOURS if f != "cffi" or importlib.util.find_spec("cffi")]
+OPS += [Fuzzed(Case(f"compiled_mul_{f}", functools.partial(co.mul, f), mul_ref,
+                    lambda: (_rn(3, 30), _rn(3, 31))), modes=_C_MODES, **_F64)
+        for f in _FLAVOURS]
+OPS += [
+    # linear with a compiled transpose: its derivatives are itself and the transpose
+    Fuzzed(Case("compiled_cumsum", co.cumsum, co.cumsum_ref, lambda: (_rn((2, 4), 32),)),
+           modes=_C_MODES, order=MAX_ORDER, **_F64),
+    Fuzzed(Case("compiled_exp", co.exp, co.exp_ref, lambda: (0.5 * _rn(3, 33),)),
+           modes=_C_MODES, **_F64),
+    Fuzzed(Case("compiled_axpby", co.axpby, co.axpby_ref,
+                lambda: ({"x": _rn(3, 34), "y": _rn(3, 35)},), lambda: {"w": _rn(3, 36)}),
+           modes=_C_MODES, forward=False, **_F64),
+    Fuzzed(Case("compiled_abs_count", lambda m: co.abs_count(), co.abs_count_ref,
+                lambda: (_rn(4, 37),)), modes=("sequential",), **_F64),
+    # the int64 operand is closed over: the stack's layers see float arguments only
+    Fuzzed(Case("compiled_scale_int", lambda m: lambda x: co.scale_int()(x, _K), _scale_int_ref,
+                lambda: (_rn(3, 38),)), modes=("sequential",), **_F64),
+]
+_ONLY = tuple(os.environ.get("ANYBIND_FUZZ_OPS", "").split(",")) if os.environ.get(
+    "ANYBIND_FUZZ_OPS") else ("",)
+OPS = [o for o in OPS if o.case.name.startswith(_ONLY)]
 
 
 # ------------------------------------------------------------------ stacks
@@ -164,6 +203,7 @@ class Stack:
     specs: list  # ShapeDtypeStruct of each positional argument
     order: int
     reverse: bool = True
+    forward: bool = True
     names: list = dataclasses.field(default_factory=list)
 
     def both(self, layer: Callable[[Callable], Callable]) -> None:
@@ -272,9 +312,13 @@ _REVERSE = ["grad", "vjp", "jacrev", "linear_transpose", "hessian"]
 def _allowed(stk: Stack) -> list:
     names = list(_STRUCTURAL)
     if stk.order >= 1 and _leaves(stk.out_specs()):
-        names += _FORWARD
+        if stk.forward:
+            names += _FORWARD
         if stk.reverse:
-            names += [r for r in _REVERSE if r != "hessian" or stk.order >= 2]
+            # linear_transpose transposes linearize, hessian is jacfwd of jacrev: both
+            # need forward mode
+            names += [r for r in _REVERSE if (r != "hessian" or stk.order >= 2)
+                      and (stk.forward or r not in ("hessian", "linear_transpose"))]
     return names
 
 
@@ -283,12 +327,18 @@ def _tolerance(dtype) -> dict:
     return dict(rtol=2e-3, atol=2e-3) if single else dict(rtol=1e-8, atol=1e-8)
 
 
+def _dtypes(fz: Fuzzed, x64: bool) -> list:
+    """The dtypes ``fz`` is drawn in, with x64 on or off."""
+    return [d for d in DTYPES[x64]
+            if (fz.dtypes is None or d in fz.dtypes)
+            and ((fz.real and not np.issubdtype(d, np.complexfloating))
+                 or (fz.complex and np.issubdtype(d, np.complexfloating)))]
+
+
 def _run_example(data) -> str:
     fz = data.draw(st.sampled_from(OPS), label="op")
-    x64 = data.draw(st.booleans(), label="x64")
-    dtypes = [d for d in DTYPES[x64]
-              if (fz.real and not np.issubdtype(d, np.complexfloating))
-              or (fz.complex and np.issubdtype(d, np.complexfloating))]
+    x64 = data.draw(st.sampled_from([b for b in (False, True) if _dtypes(fz, b)]), label="x64")
+    dtypes = _dtypes(fz, x64)
     dtype = data.draw(st.sampled_from(dtypes), label="dtype")
     mode = data.draw(st.sampled_from(fz.modes), label="vmap mode")
     seed = data.draw(st.integers(0, 2**16), label="seed")
@@ -304,7 +354,7 @@ def _run_example(data) -> str:
         stk = Stack(op=lambda *a: op(*tree.unflatten(a), **kw),
                     ref=lambda *a: case.ref(*tree.unflatten(a), **kw),
                     specs=[jax.ShapeDtypeStruct(np.shape(x), jnp.result_type(x)) for x in flat],
-                    order=fz.order)
+                    order=fz.order, forward=fz.forward)
         depth = data.draw(st.integers(1, DEPTH), label="depth")
         for _ in range(depth):
             _apply(data, stk, data.draw(st.sampled_from(_allowed(stk)), label="layer"), rng)
@@ -323,42 +373,9 @@ def _run_example(data) -> str:
 
 
 def test_stacks_of_transformations_agree_with_pure_jax():
-    """The long profile records every failing example and fails at the end; the ci
-    profile fails on the first. ``ANYBIND_FUZZ_LOG`` names a file that gets one line
-    per example."""
-    failures = []
-    log = os.environ.get("ANYBIND_FUZZ_LOG")
-
-    @settings(settings.get_profile(PROFILE))
-    @given(st.data())
-    def run(data):
-        try:
-            line = "ok   " + _run_example(data)
-        except AssertionError as e:
-            if PROFILE != "long":
-                raise
-            failures.append(str(e).splitlines()[0])
-            line = "FAIL " + failures[-1]
-        if log:
-            with open(log, "a") as f:
-                f.write(line + "\n")
-
-    run()
-    assert not failures, f"{len(failures)} failing stacks:\n" + "\n".join(failures)
-
-
-class _Fixed:
-    """Stands for hypothesis's ``data``: fixed choices, and the first option otherwise."""
-
-    def __init__(self, choices: dict, layers: list):
-        self.choices, self.layers = choices, iter(layers)
-
-    def draw(self, strategy, label=None):
-        if label == "layer":
-            return next(self.layers)
-        if label in self.choices:
-            return self.choices[label]
-        return 0 if label.startswith(("in_axes", "argnum", "out_axes")) else None
+    """Every drawn stack gives on the op what it gives on the pure-JAX reference (values
+    to 1e-8, 2e-3 in single precision), and raises nothing (``fuzzing.fuzz``)."""
+    fuzz(_run_example)
 
 
 _STACKS = [["vmap", "grad"], ["jvp", "vjp"], ["scan", "jacrev"], ["while_loop", "jacfwd"],
@@ -371,6 +388,6 @@ _ALL_ORDERS = [o for o in OPS if o.order >= 2]
                          ids=lambda v: "-".join(v) if isinstance(v, list) else v.case.name)
 def test_every_layer_under_a_second_derivative(stack, fz):
     """Each layer at least once in a second-order stack, whatever the draws above cover."""
-    _run_example(_Fixed({"op": fz, "x64": True, "depth": len(stack), "seed": 0,
+    _run_example(Fixed({"op": fz, "x64": True, "depth": len(stack), "seed": 0,
                          "dtype": np.float64 if fz.real else np.complex128,
                          "vmap mode": fz.modes[-1]}, stack))
