@@ -41,7 +41,7 @@ from ._front import TXP, Node, _is_legacy_batched, apply, check_outputs, torch_d
 
 
 def _conj(t):
-    return t.conj() if t is not None and t.is_complex() else t
+    return t.conj().resolve_conj() if t is not None and t.is_complex() else t
 
 
 def _zeros(aval) -> torch.Tensor:

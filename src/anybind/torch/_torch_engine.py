@@ -92,7 +92,7 @@ def _is_float(t) -> bool:
 
 
 def _conj(t):
-    return t.conj() if t is not None and t.is_complex() else t
+    return t.conj().resolve_conj() if t is not None and t.is_complex() else t
 
 
 def split_static(kw: dict) -> tuple[dict, dict]:
