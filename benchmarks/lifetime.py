@@ -14,7 +14,8 @@ Timing (round-robin, one sample = one fresh op or function, min and median):
   which is what any rebinding must at least pay (one trace and one compile);
 - ``same op, next eager call``: the steady state once the op is compiled.
 
-Churn memory (a fresh subprocess per kind: host, traced, compiled, torch): N ops
+Churn memory (a fresh subprocess per kind: host, traced, compiled under N names
+or one name, torch): N ops
 made, each used (eagerly, under ``jit(grad)`` and ``vmap``; a torch op forward,
 backward and under ``torch.func.vmap``), then dropped; the growth of the resident
 set size (after ``gc.collect()`` and glibc's ``malloc_trim``), of Python's heap
@@ -45,7 +46,7 @@ kind, n = sys.argv[1], int(sys.argv[2])
 jax.config.update("jax_enable_x64", True)
 x = jnp.linspace(0.0, 1.0, 3)
 
-if kind == "compiled":  # x1·x2² in C, host derivative rules
+if kind.startswith("compiled"):  # x1·x2² in C, host derivative rules
     sys.path.insert(0, os.environ["ANYBIND_BENCH_DIR"])
     import ffi_routes
     lib = ctypes.CDLL(str(ffi_routes._build(ffi_routes.C_SOURCE, ".c", os.environ.get("CC", "cc"), [])))
@@ -54,8 +55,8 @@ if kind == "compiled":  # x1·x2² in C, host derivative rules
 def make(i):
     if kind == "traced":
         return ab.bind(jnp.sin, traced=True, name=f"churn{i}")
-    if kind == "compiled":
-        op = ab.bind(lib.mul, shape=ab.like(0), name=f"churn{i}")
+    if kind.startswith("compiled"):  # "compiled-one-name": every op bound as "churn"
+        op = ab.bind(lib.mul, shape=ab.like(0), name="churn" if kind.endswith("name") else f"churn{i}")
         op.def_jvp(lambda p, t: t[0] * p[1] ** 2 + 2 * p[0] * p[1] * t[1])
         op.def_vjp(lambda p, ct: (ct * p[1] ** 2, 2 * ct * p[0] * p[1]))
         return lambda v: op(v, v)
@@ -159,7 +160,7 @@ def timing(repeats: int) -> dict:
     return {k: {"min_ms": min(s), "median_ms": statistics.median(s)} for k, s in samples.items()}
 
 
-KINDS = ("host", "traced", "compiled", "torch")
+KINDS = ("host", "traced", "compiled", "compiled-one-name", "torch")
 
 
 def churn(kind: str, n: int, src: Path) -> dict:

@@ -228,7 +228,7 @@ class _Name:
 
 _names: dict[str, _Name] = {}
 _by_key: dict[int, _Name] = {}  # key_of(name) -> what the name is bound to
-_keep: list = []  # every registered function stays alive: the shim holds its address
+_keep: dict[int, object] = {}  # address -> a function there: alive while the shim holds it
 
 _RULE_NAMES = {"function": "function", "jvp": "jvp rule", "vjp": "vjp rule",
                "transpose": "transpose rule", "fwd": "fwd rule", "bwd": "bwd rule",
@@ -294,7 +294,7 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
             entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
             _bind(lib, local, address, name, text, validate=False)
         entry.ops.add(op)
-        _keep.append(fn)
+        _keep.setdefault(address, fn)
 
 
 def _bind(lib, key: int, address: int, name: str, text: str, validate: bool) -> None:
