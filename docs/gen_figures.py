@@ -1,8 +1,8 @@
 """The performance page's figures, drawn from the benchmark results.
 
 Reads ``benchmarks/results.json`` (``benchmarks/run.py``), ``recipes.json``
-(``recipes.py``), ``torch_results.json`` (``torch_calls.py``) and
-``lifetime.json`` (``lifetime.py``) and writes one PNG per figure. The docs
+(``recipes.py``) and ``torch_results.json`` (``torch_calls.py``) and writes one
+PNG per figure. The docs
 build runs it through ``docs/hooks.py`` (the PNGs are generated files of the
 site, never committed); by hand::
 
