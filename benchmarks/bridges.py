@@ -443,14 +443,6 @@ def markdown(res: dict) -> str:
     return "\n".join(parts)
 
 
-def update_readme(text: str) -> None:
-    path = HERE / "README.md"
-    start, end = "<!-- bridges:start -->", "<!-- bridges:end -->"
-    doc = path.read_text()
-    i, j = doc.index(start) + len(start), doc.index(end)
-    path.write_text(doc[:i] + "\n" + text + "\n" + doc[j:])
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer samples")
@@ -479,7 +471,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     print(f"\n({res['seconds']} s)")
     if args.update_readme:
-        update_readme(text)
+        run.update_readme(text, "bridges")
     return res
 
 

@@ -513,9 +513,10 @@ def _machine_md(info: dict, repeats: int, sample_s: float) -> str:
             f"load average at start {tuple(round(x, 1) for x in info.get('load_avg', ()))}.")
 
 
-def update_readme(text: str) -> None:
+def update_readme(text: str, section: str = "results") -> None:
+    """Replace what stands between ``<!-- section:start -->`` and ``<!-- section:end -->``."""
     path = HERE / "README.md"
-    start, end = "<!-- results:start -->", "<!-- results:end -->"
+    start, end = f"<!-- {section}:start -->", f"<!-- {section}:end -->"
     doc = path.read_text()
     i, j = doc.index(start) + len(start), doc.index(end)
     path.write_text(doc[:i] + "\n" + text + "\n" + doc[j:])
