@@ -2,6 +2,9 @@
 
 - Docstring examples (``>>>`` runs) become fenced ``pycon`` blocks, so Markdown
   does not read them as block quotes.
+- reStructuredText simple tables (the module tables, rows between ``===  ===``
+  rules) become Markdown tables; a row whose first cell is empty continues the
+  row above.
 - Members the public classes get at run time (``Op.def_jvp`` and the other
   rule methods forward to the op behind the handle) are taken from the
   functions they wrap, wherever those live, and a runtime docstring fills in
@@ -16,6 +19,36 @@ import re
 import griffe
 
 _PROMPT = re.compile(r"^(\s*)>>> ")
+_RULE = re.compile(r"^\s*=+(\s+=+)+\s*$")
+
+
+def rst_tables(text: str) -> str:
+    """Turn each reStructuredText simple table (three ``=`` rules) into a Markdown table."""
+    lines, out, i = text.splitlines(), [], 0
+    while i < len(lines):
+        rules = [j for j in range(i, len(lines)) if _RULE.match(lines[j])][:3]
+        if len(rules) < 3 or rules[0] != i:
+            out.append(lines[i])
+            i += 1
+            continue
+        spans = [m.span() for m in re.finditer(r"=+", lines[i])]
+
+        def cells(line: str) -> list[str]:
+            return [line[a:(spans[k + 1][0] if k + 1 < len(spans) else None)].strip()
+                    .replace("|", "\\|") for k, (a, _) in enumerate(spans)]
+
+        head = [" ".join(c) for c in zip(*(cells(x) for x in lines[rules[0] + 1:rules[1]]))]
+        rows: list[list[str]] = []
+        for line in lines[rules[1] + 1:rules[2]]:
+            row = cells(line)
+            if rows and not row[0]:
+                rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], row)]
+            elif line.strip():
+                rows.append(row)
+        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                *("| " + " | ".join(r) + " |" for r in rows)]
+        i = rules[2] + 1
+    return "\n".join(out)
 
 
 def fence_doctests(text: str) -> str:
@@ -40,8 +73,8 @@ def fence_doctests(text: str) -> str:
 
 class AnybindReference(griffe.Extension):
     def on_object(self, *, obj, loader, **kwargs) -> None:
-        if obj.docstring is not None and ">>> " in obj.docstring.value:
-            obj.docstring.value = fence_doctests(obj.docstring.value)
+        if obj.docstring is not None:
+            obj.docstring.value = rst_tables(fence_doctests(obj.docstring.value))
 
     def on_package(self, *, pkg, loader, **kwargs) -> None:
         if pkg.name != "anybind":

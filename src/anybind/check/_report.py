@@ -113,15 +113,17 @@ def check(op, *args: Any, rtol: float | None = None, atol: float | None = None,
 
     Args:
       op: an op made by ``ab.bind``.
-      *args, **kwargs: example inputs, as the op is called. With none, the op's
-        ``examples()`` gives ``(args, kwargs)``. ``rtol``, ``atol`` and ``seed``
-        are this function's own keywords, not passed to the op.
-      rtol, atol: override the tolerances, which otherwise adapt to the least
-        precise floating dtype involved: √eps for finite differences, eps^⅔
-        for identities exact in exact arithmetic (transposes, vmap, jit).
+      *args: example positional inputs, as the op is called. With neither
+        these nor ``**kwargs``, the op's ``examples()`` gives ``(args, kwargs)``.
+      rtol: overrides the relative tolerance, which otherwise adapts to the
+        least precise floating dtype involved: √eps for finite differences,
+        eps^⅔ for identities exact in exact arithmetic (transposes, vmap, jit).
+      atol: overrides the absolute tolerance, likewise.
       seed: seed of the random tangents, cotangents and batch perturbations.
       torch: also run the checks through ``op.torch`` (needs ``anybind[torch]``),
         comparing its values and derivatives with the JAX op's.
+      **kwargs: example keyword inputs, as the op is called. ``rtol``, ``atol``,
+        ``seed`` and ``torch`` are this function's own, not passed to the op.
 
     Returns:
       A ``Report``; ``print`` it for a table of check, status and error.
