@@ -625,13 +625,15 @@ def bind(fn: Callable | None = None, *, shape=None, jvp=None, vjp=None, transpos
         code with ``traced=True``. Positional arguments are differentiable
         pytrees of arrays; keyword arrays are non-differentiable operands; other
         keywords are static and reach ``fn`` and every rule.
-      shape: the output spec: ``ab.like(i)``, a pytree of ``jax.ShapeDtypeStruct``,
-        or a callable of the inputs' ShapeDtypeStructs. Inferred when traced.
-      jvp: the jvp rule (see ``Op.def_jvp``), of the same kind (host or traced)
-        as ``fn``; likewise ``vjp`` and ``transpose``.
-      vjp: the vjp rule (see ``Op.def_vjp``).
-      transpose: the transpose rule of a linear op (see ``Op.def_transpose``);
-        for a multilinear op, a tuple with one rule per positional argument.
+      shape (jax.ShapeDtypeStruct | Callable | None): the output spec:
+        ``ab.like(i)``, a pytree of ``jax.ShapeDtypeStruct``, or a callable of the
+        inputs' ShapeDtypeStructs. Inferred when traced.
+      jvp (Callable | None): the jvp rule (see ``Op.def_jvp``), of the same kind
+        (host or traced) as ``fn``; likewise ``vjp`` and ``transpose``.
+      vjp (Callable | None): the vjp rule (see ``Op.def_vjp``).
+      transpose (Callable | tuple[Callable, ...] | None): the transpose rule of a
+        linear op (see ``Op.def_transpose``); for a multilinear op, a tuple with
+        one rule per positional argument.
       linear: ``True``: ``fn`` is linear in its positional arguments jointly. A
         tuple of argument indices: linear in those (jointly, the others fixed),
         so ``jax.linear_transpose`` in them works (through the derivative
