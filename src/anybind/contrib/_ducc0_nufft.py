@@ -100,7 +100,16 @@ def _check(name: str, data, coord, ndim_grid: int | None):
 
 def _options(dtype, kw: dict) -> dict:
     """ducc0's keywords: ours with their defaults, any other ducc0 option passed through."""
+    kw = {k: v for k, v in kw.items() if k != "reverse_options"}
     return dict(kw, forward=kw.get("forward", True), epsilon=_eps(dtype, kw.get("epsilon")))
+
+
+def reverse(kw: dict) -> dict:
+    """The keywords of the transforms reverse mode runs: ``kw`` with its
+    ``reverse_options`` (pairs of ducc0 keywords, possibly nesting their own
+    ``reverse_options``) applied. Sign, precision and grid order stay the caller's."""
+    base = {k: v for k, v in kw.items() if k != "reverse_options"}
+    return dict(base, **dict(kw.get("reverse_options", ())))
 
 
 def _nu2u_fn(values, coord, *, out, n_modes: tuple, **kw) -> None:
@@ -209,7 +218,7 @@ def _nu2u_vjp(primals, ct, *, n_modes, needs, **kw):
     lead = c.ndim - 1
     ks = _kgrids(n_modes, lead, kw, x.dtype)
     stack = ([ct] if needs[0] else []) + ([k * ct for _, k in ks] if needs[1] else [])
-    out = u2nu(jnp.stack(stack), x, **kw)
+    out = u2nu(jnp.stack(stack), x, **reverse(kw))
     dc = out[0] if needs[0] else None
     dx = None
     if needs[1]:
@@ -249,11 +258,11 @@ def _u2nu_vjp(primals, ct, *, needs, **kw):
     nd = x.shape[1]
     lead = g.ndim - nd
     modes = tuple(g.shape[lead:])
-    dg = nu2u(ct, x, n_modes=modes, **kw) if needs[0] else None
+    dg = nu2u(ct, x, n_modes=modes, **reverse(kw)) if needs[0] else None
     dx = None
     if needs[1]:
         ks = _kgrids(modes, lead, kw, x.dtype)
-        parts = u2nu(jnp.stack([k * g for _, k in ks]), x, **kw)
+        parts = u2nu(jnp.stack([k * g for _, k in ks]), x, **kw)  # a forward transform
         axes = tuple(range(lead))
         dx = jnp.stack([jnp.real((alpha * 1j) * ct * p).sum(axis=axes)
                         for (alpha, _), p in zip(ks, parts)], axis=-1)

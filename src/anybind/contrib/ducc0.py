@@ -11,6 +11,9 @@ healpix_synthesis / _adjoint   packed real a_lm ↔ HEALPix maps              li
 nu2u, u2nu                     NUFFT type 1 / type 2                        values and points,
                                                                             any order; linear
                                                                             in the values
+nu2nu                          NUFFT type 3                                 values and both
+                                                                            point sets, any
+                                                                            order
 dirty2vis, vis2dirty           image ↔ visibilities (wgridder)              linear, any order
 =============================  ==========================================  ===============
 
@@ -33,10 +36,11 @@ require("ducc0", "anybind.contrib.ducc0")
 
 from ._ducc0_fft import c2c, c2r, hartley, r2c  # noqa: E402
 from ._ducc0_nufft import nu2u, u2nu  # noqa: E402
+from ._ducc0_nufft3 import nu2nu  # noqa: E402
 from ._ducc0_sht import (alm2realalm, healpix_adjoint_synthesis, healpix_synthesis,  # noqa: E402
                          n_real_alm, nalm, realalm2alm)
 from ._ducc0_wgridder import dirty2vis, vis2dirty  # noqa: E402
 
 __all__ = ["c2c", "r2c", "c2r", "hartley", "healpix_synthesis", "healpix_adjoint_synthesis",
-           "nalm", "n_real_alm", "alm2realalm", "realalm2alm", "nu2u", "u2nu", "dirty2vis",
+           "nalm", "n_real_alm", "alm2realalm", "realalm2alm", "nu2u", "u2nu", "nu2nu", "dirty2vis",
            "vis2dirty"]
