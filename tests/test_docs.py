@@ -16,7 +16,11 @@ block of the page. One or more of:
 - ``<!-- docs-test: file PATH -->``: the block (any language) is written to PATH
   in the working directory;
 - ``<!-- docs-test: shell -->``: the block (bash) is run by bash in the working
-  directory.
+  directory;
+- ``<!-- docs-test: output -->``: the block (a ```text block, shown as the
+  output) is what the runnable block above it printed, compared as doctest
+  compares, ``...`` matching anything and runs of whitespace equal; skipped
+  with that block.
 
 Each marked block also gets a test of its own, skipped with the reason while
 its condition is unmet, so that nothing is left out silently. PyTorch's blocks
@@ -27,8 +31,10 @@ Run as a script (``python tests/test_docs.py PAGE``), this file runs one page.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import os
 import re
 import subprocess
@@ -42,7 +48,7 @@ PAGES = sorted([*ROOT.glob("docs/**/*.md"), ROOT / "README.md"])
 
 _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`\s]*)")
-KNOWN = {"requires", "requires-gpu", "file", "shell"}
+KNOWN = {"requires", "requires-gpu", "file", "shell", "output"}
 
 
 @dataclasses.dataclass
@@ -97,8 +103,19 @@ def blocks(path: Path) -> list[Block]:
 
 
 def runnable(block: Block) -> bool:
+    if block.marker("output") is not None:
+        return False
     return (block.lang in ("python", "py") or block.marker("file") is not None
             or block.marker("shell") is not None)
+
+
+def check_output(block: Block, printed: str) -> None:
+    """Raise unless ``printed`` matches the output block, as doctest matches (``...``)."""
+    import doctest
+    checker, flags = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    if not checker.check_output(block.code.strip() + "\n", printed.strip() + "\n", flags):
+        raise AssertionError(f"{block.where}: the output shown is not what the block above "
+                             f"printed.\nshown:\n{block.code}printed:\n{printed}")
 
 
 def skip_reason(block: Block) -> str | None:
@@ -126,17 +143,33 @@ def run_page(page: Path, workdir: Path) -> None:
     # shell blocks' `python` is this interpreter
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
     namespace: dict = {"__name__": "__main__"}
+    printed = None    # what the last block that ran printed; None after a skipped one
     for block in blocks(page):
-        if not runnable(block) or skip_reason(block):
+        if block.marker("output") is not None:
+            if printed is not None and not skip_reason(block):
+                check_output(block, printed)
+                print(f"ok {block.where} (output)", flush=True)
+            continue
+        if not runnable(block):
+            continue
+        if skip_reason(block):
+            printed = None
             continue
         start = time.perf_counter()
         target = block.marker("file")
+        out = io.StringIO()
         if target:
             Path(target[0]).write_text(block.code)
         elif block.marker("shell") is not None:
-            subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], check=True)
+            proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], check=True,
+                                  stdout=subprocess.PIPE, text=True)
+            out.write(proc.stdout)
         else:   # padded so that tracebacks give the page's own line numbers
-            exec(compile("\n" * (block.line - 1) + block.code, block.page, "exec"), namespace)
+            with contextlib.redirect_stdout(out):
+                exec(compile("\n" * (block.line - 1) + block.code, block.page, "exec"),
+                     namespace)
+        printed = out.getvalue()
+        sys.stdout.write(printed)
         print(f"ok {block.where} {time.perf_counter() - start:.2f} s", flush=True)
 
 
@@ -238,6 +271,37 @@ if __name__ != "__main__":
         proc = subprocess.run([sys.executable, __file__, str(page)], cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
+
+    def test_requirements_match_pyproject() -> None:
+        """Getting started states the Python, JAX and NumPy floors pyproject declares."""
+        import tomllib
+        text = (ROOT / "pyproject.toml").read_text()
+        project = tomllib.loads(text)["project"]
+        floors = {"Python": project["requires-python"].removeprefix(">=")}
+        for dep in project["dependencies"]:
+            name, _, version = dep.partition(">=")
+            if name in ("jax", "numpy"):
+                floors[{"jax": "JAX", "numpy": "NumPy"}[name]] = version
+        page = (ROOT / "docs" / "getting-started.md").read_text()
+        for name, version in floors.items():
+            assert f"{name} ≥ {version}" in page, f"getting-started.md: say '{name} ≥ {version}'"
+        tested = re.search(r"# tested: ([\d.]+) and ([\d.]+)", text)
+        assert tested, "pyproject's dependencies line names the JAX releases tested"
+        assert f"{tested[1]} and {tested[2]}" in page, "getting-started.md: the JAX releases tested"
+
+    def test_output_blocks_are_checked(tmp_path: Path) -> None:
+        """An output block must match what the block above printed; ``...`` matches anything."""
+        page = tmp_path / "page.md"
+        body = ("# t\n\n```python\nprint('x =', 1)\nprint('took 3.2 s')\n```\n\n"
+                "<!-- docs-test: output -->\n```text\n{}\n```\n")
+        page.write_text(body.format("x = 1\ntook ... s"))
+        proc = subprocess.run([sys.executable, __file__, str(page)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        page.write_text(body.format("x = 2\ntook ... s"))
+        proc = subprocess.run([sys.executable, __file__, str(page)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "page.md:10: the output shown" in proc.stderr, proc.stderr
 
     def test_figures(tmp_path: Path) -> None:
         """docs/gen_figures.py turns the benchmark results into the performance page's figures."""
