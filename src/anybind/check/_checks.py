@@ -140,7 +140,7 @@ def inplace_rules(ctx) -> None:
     if not kinds:
         return
     ctx.current = ("in-place rules", "tracing the op")
-    prim = op._family["primal"]
+    prim = op.primitive("primal")
     call = next(e.params["call"] for e in jax.make_jaxpr(ctx.apply)(ctx.xs, ctx.ks).eqns
                 if e.primitive is prim)
     xs = [np.asarray(x) for x in ctx.xs]
@@ -197,7 +197,7 @@ def shard(ctx) -> None:
     op = ctx.op
     if getattr(op, "shard", None) is None:
         return
-    call = op._call_of(*ctx.args, **ctx.operands, **ctx.static)
+    call = op.call_of(*ctx.args, **ctx.operands, **ctx.static)
     n, hint = len(ctx.xs), ("Running the op per shard along this factor gives other values "
                             "than running it whole: keep the factor whole (replicated=) or "
                             "fix the rule.")
@@ -476,9 +476,10 @@ def vmap(ctx) -> None:
                      for g in dict.fromkeys(groups)]
     if getattr(op, "vmap_rule", None) is not None:
         hint = "The vmap rule computes something other than the op row by row."
-    elif op.vmap == "vectorized":
-        hint = ("With vmap='vectorized' the function gets arrays with a leading batch axis "
-                "(length 1 for unbatched arguments) and must treat each row independently.")
+    elif op.vmap in ("expand_dims", "broadcast_all"):
+        hint = (f"With vmap={op.vmap!r} the function gets arrays with a leading batch axis "
+                f"({'broadcast' if op.vmap == 'broadcast_all' else 'length 1'} for unbatched "
+                f"arguments) and must treat each row independently.")
     else:
         hint = ""
     for where, mask in patterns:
@@ -493,8 +494,8 @@ def vmap_derivatives(ctx) -> None:
     ts = _tangents(ctx, ctx.fx)
     ys = [ctx.cotangent(ctx.out_avals[j]) for j in ctx.fo]
     in_names = [ctx.x_names[i] for i in ctx.fx]
-    hint = ("Under vmap='vectorized' every rule also gets a leading batch axis."
-            if ctx.op.vmap == "vectorized" else "")
+    hint = (f"Under vmap={ctx.op.vmap!r} every rule also gets a leading batch axis."
+            if ctx.op.vmap in ("expand_dims", "broadcast_all") else "")
     cases = [("vmap of jvp", "tangents", lambda *a: jax.jvp(f, a[:n], a[n:])[1], ts,
               _float_names(ctx)),
              ("vmap of vjp", "cotangents", lambda *a: jax.vjp(f, *a[:n])[1](list(a[n:])), ys,

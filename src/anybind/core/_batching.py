@@ -4,7 +4,7 @@
 the ``batch`` parameter (see ``Batch``); a nested ``vmap`` merges its axis into
 the existing one. What runs then depends on the op's mode: one host call that
 loops over the batch (``"sequential"``), one host call on the batched arrays
-(``"vectorized"``), the user's vmap rule, or ``jax.vmap`` of traced code.
+(``"expand_dims"``, or ``"broadcast_all"``), the user's vmap rule, or ``jax.vmap`` of traced code.
 Derivatives of a batched primitive are ``jax.vmap`` of the derivatives of the
 unbatched one, so ``vmap`` never removes a custom rule.
 """
@@ -233,10 +233,10 @@ def host_mode(role: str, rule, op) -> tuple:
 
     The function batches by the op's mode; a rule by its own ``vmap`` if given
     (a string, or a batched variant run as a vectorized rule), else by the op's
-    mode, which is ``"vectorized"`` once the function has a vmap rule.
+    mode, which is ``"expand_dims"`` once the function has a vmap rule.
     """
     if role == "primal" or rule.vmap is None:
         return rule, op.vmap
     if isinstance(rule.vmap, str):
         return rule, rule.vmap
-    return dataclasses.replace(rule, fn=rule.vmap, vmap=None), "vectorized"
+    return dataclasses.replace(rule, fn=rule.vmap, vmap=None), "expand_dims"

@@ -9,6 +9,8 @@ member              what it is
 ``name``            a short name (``"pyffi"``, ``"compiled"``, ...), for messages
 ``claims(site)``    whether this route lowers ``site`` (a ``Site``)
 ``lower(site, *a)`` the MLIR values of the role's results, from the operands ``a``
+``adopt(...)``      optional: checks (or registers) code as an op is bound or a rule
+                    set, so that what a route cannot run is a TypeError at once
 ==================  ===============================================================
 
 Routes register themselves in order (``anybind.routes``); the first that
@@ -61,6 +63,16 @@ def register(route: Route) -> None:
     """Add a route after those registered before it (earlier routes win)."""
     if all(r.name != route.name for r in ROUTES):
         ROUTES.append(route)
+
+
+def adopt(op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
+    """Code given to ``where`` (``"ab.bind"``, ``"def_jvp"``, …) as the op's ``kind``
+    (``"function"``, ``"jvp"``, ``"jvp.vmap"``, …): every route that checks or
+    registers code when it is given does so now."""
+    for route in ROUTES:
+        hook = getattr(route, "adopt", None)
+        if hook is not None:
+            hook(op, kind, fn, traced, device, host, where)
 
 
 def lower(site: Site, *args) -> Sequence:

@@ -1,11 +1,12 @@
 """One family of primitives per bound function, registered in one block.
 
-For an op named ``f`` there are four primitives, each with the parameters
+For an op named ``f`` there are five primitives, each with the parameters
 ``call`` (a ``Call``), ``batch`` (a ``Batch`` or None) and, for the derived
 ones, ``lin`` (which linear operands are present rather than symbolic zeros)
 and ``need`` (which input cotangents to produce):
 
 - ``f``:           (xs, ks)     ↦ f(x)
+- ``f_fwd``:       (xs, ks)     ↦ f(x) and residuals r   by a fwd rule (``def_fwd``)
 - ``f_jvp``:       (xs, ks, ẋ)  ↦ ∂f(x)·ẋ          linear in ẋ; transpose is f_vjp
 - ``f_vjp``:       (xs, ks, ȳ)  ↦ ∂f(x)ᵀ·ȳ         linear in ȳ; transpose is f_jvp
 - ``f_transpose``: (ks, ȳ)      ↦ Aᵀ·ȳ             for linear=True ops; transpose is f
@@ -24,6 +25,7 @@ import functools
 import weakref
 from typing import Callable
 
+import jax
 import jax.numpy as jnp
 
 from . import (_batching, _closures, _derivatives, _jax, _lifetime, _lowering, _multilinear,
@@ -83,6 +85,14 @@ class Family:
                 _jax.requires_devices_during_lowering.add(prim)
             self.prims[role] = prim
         weakref.finalize(op, _lifetime.unregister, tuple(self.prims.values()))
+        op.on_change(self.rules_changed)
+
+    def rules_changed(self) -> None:
+        """A rule of the op changed: every program traced with the old one goes."""
+        self.eager.programs.clear()
+        self.eager.kept.clear()
+        self.out_batched.clear()
+        jax.clear_caches()
 
     def __getitem__(self, role: str):
         return self.prims[role]

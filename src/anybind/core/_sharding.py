@@ -170,7 +170,7 @@ def _rule_for(call: Call) -> ShardRule:
 def factors_of(call: Call) -> Factors:
     """The op's rule fitted to this call; a TypeError naming what does not fit."""
     op = call.op
-    cache = op._shard_factors
+    cache = op.state("shard factors", lambda _: {})
     got = cache.get(call)
     if got is not None:
         return got

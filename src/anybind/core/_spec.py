@@ -23,7 +23,8 @@ from ._jax import ShapedArray, Tracer, canonicalize_dtype, issubdtype
 class Rule:
     """A user rule and whether it is JAX code (traced) or host code.
 
-    ``vmap`` says how a host rule batches: ``"sequential"``, ``"vectorized"``,
+    ``vmap`` says how a host rule batches: ``"sequential"``, ``"expand_dims"``,
+    ``"broadcast_all"``,
     a host function with the rule's signature written for batched arrays, or
     None for the op's mode (see ``_batching.host_mode``).
 
@@ -32,7 +33,7 @@ class Rule:
 
     ``device``: GPU code (``device=True``) that runs on XLA's device buffers as
     CuPy arrays, and ``host`` its fallback in programs compiled for the CPU (see
-    ``_gpu``).
+    ``routes._gpu_device``).
     """
     fn: Callable[..., Any]
     traced: bool

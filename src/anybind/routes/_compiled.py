@@ -48,7 +48,9 @@ vmap       as the function, batched    y…, batched
 Under ``vmap`` every operand has a leading batch axis (of length 1 when it
 is not batched) and every output one of the batch's length. ``"sequential"``
 ops are called once per row by the shim, inside one FFI call;
-``"vectorized"`` ops and vmap rules are called once with the batched shapes.
+``"expand_dims"`` ops and vmap rules are called once with the batched shapes
+(``"broadcast_all"`` is for Python host code: compiled code gets each unbatched
+operand's one row, with its leading axis of 1, and indexes it itself).
 """
 from __future__ import annotations
 
@@ -410,7 +412,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
             if not is_compiled(batched.fn):
                 raise TypeError(f"anybind op '{op.name}': the compiled {_RULE_NAMES[kind]} "
                                 f"has a batched variant (vmap=) that is not compiled code")
-            rule, kind, mode = batched, f"{kind}.vmap", "vectorized"
+            rule, kind, mode = batched, f"{kind}.vmap", "expand_dims"
     if call.static:
         raise TypeError(
             f"anybind op '{op.name}': a compiled {_RULE_NAMES[kind]} takes arrays only, but "
@@ -491,10 +493,13 @@ class Route:
     def claims(self, site: Site) -> bool:
         return is_compiled(site.rule.fn)
 
+    def adopt(self, op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
+        adopt(op, kind, fn, traced)
+
     def lower(self, site: Site, *args):
         call = site.call
         return lower(site.ctx, *args, role=site.role,
                      kind=kind_of_role(site.role, call, site.by_vmap_rule), call=call,
                      rule=site.rule, batch=site.batch, lin=site.lin, need=site.need,
-                     mode="vectorized" if site.by_vmap_rule else call.op.vmap,
+                     mode="expand_dims" if site.by_vmap_rule else call.op.vmap,
                      has_side_effect=site.effect)

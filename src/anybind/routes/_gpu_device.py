@@ -83,6 +83,10 @@ class Route:
     def claims(self, site: Site) -> bool:
         return site.rule.device
 
+    def adopt(self, op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
+        if kind == "function" or "." not in kind:
+            check_declaration(op.name, where, traced, device, host)
+
     def lower(self, site: Site, *args):
         ctx, call, rule = site.ctx, site.call, site.rule
         where = platform(ctx, call)

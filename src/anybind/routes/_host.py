@@ -176,12 +176,13 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
         return runner
 
     size, mask = batch.size, batch.mask
-    if mode == "vectorized":
+    if mode in ("expand_dims", "broadcast_all"):
         run = make_run((1,))
         shapes = [(size,) + e[0] for e in expected]
+        widen = broadcaster(batch) if mode == "broadcast_all" else None
 
         def runner(ins, outs):
-            for j, (r, o) in enumerate(zip(run(*ins), outs)):
+            for j, (r, o) in enumerate(zip(run(*(widen(ins) if widen else ins)), outs)):
                 store(o, r, j, shapes[j], allow_lead_one=True)
         return runner
 
@@ -227,14 +228,28 @@ def _inplace_runner(call: Call, make_run: Callable, batch: Batch | None, mode) -
         return make_run(())
     if isinstance(mode, Rule):  # an in-place vmap rule: one call for the whole batch
         return vmap_rule_inplace(call, mode.fn, batch)
-    if mode == "vectorized":
+    if mode == "expand_dims":
         return make_run((1,))
+    if mode == "broadcast_all":
+        run, widen = make_run((1,)), broadcaster(batch)
+        return lambda ins, outs: run(widen(ins), outs)
     run, mask = make_run(()), batch.mask
 
     def runner(ins, outs):
         for b in range(batch.size):
             run([x[b] if m else x[0] for x, m in zip(ins, mask)], [o[b, ...] for o in outs])
     return runner
+
+
+def broadcaster(batch: Batch) -> Callable:
+    """``widen(ins)``: unbatched inputs (a leading axis of 1) as read-only views
+    broadcast to the batch's length, for ``vmap="broadcast_all"``; nothing is copied."""
+    size, mask = batch.size, batch.mask
+
+    def widen(ins):
+        return [x if m else np.broadcast_to(x, (size,) + x.shape[1:])
+                for x, m in zip(ins, mask)]
+    return widen
 
 
 def host_callback(call: Call, role_name: str, runner: Callable,

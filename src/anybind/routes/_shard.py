@@ -107,7 +107,7 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
         xs = [a.update(shape=local(ids, a.shape)) for ids, a in zip(fs.ins, call.in_avals)]
         ks = [a.update(shape=local(ids, a.shape))
               for ids, a in zip(fs.ins[fs.n_in:], call.kw_avals)]
-        local_call = call.op._make_call(call.args_tree, call.kw_tree, call.static, tuple(xs),
+        local_call = call.op.call_for(call.args_tree, call.kw_tree, call.static, tuple(xs),
                                         tuple(ks), call.static_types)
         local_batch = None if batch is None else Batch(batch.size // n_split("b"), batch.mask)
         want = [local(ids, r.shape) for ids, r in zip(res_f, result_shape)]
@@ -147,7 +147,7 @@ def lower(ctx, *args, role: str, call: Call, batch: Batch | None, lin, need, rol
     rule = SdyShardingRule(tuple(ArrayMapping(*fl) for fl in ops_f),
                            tuple(ArrayMapping(*fl) for fl in res_f),
                            need_replication_factors=whole)
-    prim = call.op._family[role]
+    prim = call.op.primitive(role)
     params = dict(call=call, batch=batch)
     if role != "primal":
         params.update(lin=lin, need=need)

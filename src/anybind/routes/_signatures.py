@@ -137,7 +137,7 @@ def check(op, kind: str, text: str, rows: int, ins: list, outs: list) -> str | N
         args_tree, kw_tree = _trees(text)
     except (ValueError, TypeError, RecursionError) as e:
         return f"{e}" if isinstance(e, ValueError) else "its argument structure is malformed"
-    batched = kind in _BATCHED_KINDS or kind.endswith(".vmap") or op.vmap == "vectorized"
+    batched = kind in _BATCHED_KINDS or kind.endswith(".vmap") or op.vmap in ("expand_dims", "broadcast_all")
     tries = []
     if rows:
         tries.append(rows)
@@ -181,7 +181,7 @@ def _check_one(op, kind, args_tree, kw_tree, size: int, ins, outs) -> str | None
             xs, ks = ins[:n], ins[n:n + m]
         if len(xs) != n or len(ks) != m:
             return f"it takes {n} positional and {m} keyword leaves"
-        call = op._make_call(args_tree, kw_tree, (), tuple(xs), tuple(ks), ())
+        call = op.call_for(args_tree, kw_tree, (), tuple(xs), tuple(ks), ())
         want_in, want_out = operands(call, kind)
     except Exception as e:  # noqa: BLE001  (the op's own shape rule may raise anything)
         return f"the op's shape rule refuses them ({type(e).__name__}: {e})"

@@ -1,4 +1,4 @@
-"""The four roles an op's primitives play, and what implements each.
+"""The five roles an op's primitives play, and what implements each.
 
 =========  ===========================  ================================
 role       operands                     computes
