@@ -27,6 +27,7 @@ into XLA's buffer (``out=True``, ducc0's ``out=``).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -112,19 +113,44 @@ def reverse(kw: dict) -> dict:
     return dict(base, **dict(kw.get("reverse_options", ())))
 
 
+@functools.lru_cache(maxsize=64)
+def _best_single(ndim: int, sigma_min: float, sigma_max: float) -> float:
+    return ducc0.nufft.bestEpsilon(ndim=ndim, singleprec=True, sigma_min=sigma_min,
+                                   sigma_max=sigma_max)
+
+
+def in_double(dtype, ndim: int, kw: dict) -> bool:
+    """Whether single-precision data asks for an accuracy ducc0 reaches only in double."""
+    return np.dtype(dtype) == np.complex64 and _eps(dtype, kw.get("epsilon")) < _best_single(
+        ndim, float(kw.get("sigma_min", 1.19)), float(kw.get("sigma_max", 2.51)))
+
+
+def run(transform, dtype, ndim: int, kw: dict, out, **arrays) -> None:
+    """``transform(**arrays, **ducc0 keywords)`` into ``out`` (the keyword named by
+    ``out``'s only key), in double precision where ``in_double``, then rounded."""
+    (out_name, target), = out.items()
+    if in_double(dtype, ndim, kw):
+        arrays = {k: a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+                  for k, a in arrays.items()}
+        wide = np.empty(target.shape, np.complex128)
+        transform(**arrays, **{out_name: wide}, **_options(np.complex128, kw))
+        target[...] = wide
+    else:
+        transform(**arrays, **{out_name: target}, **_options(dtype, kw))
+
+
 def _nu2u_fn(values, coord, *, out, n_modes: tuple, **kw) -> None:
     """Type 1: values (..., M) at coord (M, D) ↦ grid (..., *n_modes), into out."""
-    pts = values.reshape((-1, values.shape[-1]))
-    ducc0.nufft.nu2u(points=pts, coord=coord, out=reshaped(out, (-1,) + tuple(n_modes)),
-                     **_options(values.dtype, kw))
+    run(ducc0.nufft.nu2u, values.dtype, coord.shape[1], kw,
+        {"out": reshaped(out, (-1,) + tuple(n_modes))},
+        points=values.reshape((-1, values.shape[-1])), coord=coord)
 
 
 def _u2nu_fn(grid, coord, *, out, **kw) -> None:
     """Type 2: grid (..., *n_modes) ↦ values (..., M) at coord (M, D), into out."""
     nd = coord.shape[1]
-    g = grid.reshape((-1,) + grid.shape[grid.ndim - nd:])
-    ducc0.nufft.u2nu(grid=g, coord=coord, out=reshaped(out, (-1, coord.shape[0])),
-                     **_options(grid.dtype, kw))
+    run(ducc0.nufft.u2nu, grid.dtype, nd, kw, {"out": reshaped(out, (-1, coord.shape[0]))},
+        grid=grid.reshape((-1,) + grid.shape[grid.ndim - nd:]), coord=coord)
 
 
 def _vmap_points(fn):

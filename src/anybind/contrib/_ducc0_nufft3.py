@@ -30,7 +30,7 @@ import numpy as np
 import anybind as ab
 
 from . import require, reshaped
-from ._ducc0_nufft import _eps, _options, reverse
+from ._ducc0_nufft import _eps, reverse, run
 
 ducc0 = require("ducc0", "anybind.contrib.ducc0")
 
@@ -56,10 +56,10 @@ def _check(data, coord_in, coord_out) -> None:
 
 def _nu2nu_fn(values, coord_in, coord_out, *, out, **kw) -> None:
     """values (..., M) at coord_in (M, D) ↦ (..., N) at coord_out (N, D), into out."""
-    v = values.reshape((-1, values.shape[-1]))
-    ducc0.nufft.experimental.nu2nu(points_in=v, coord_in=coord_in, coord_out=coord_out,
-                                   points_out=reshaped(out, (-1, coord_out.shape[0])),
-                                   **_options(values.dtype, kw))
+    run(ducc0.nufft.experimental.nu2nu, values.dtype, coord_in.shape[1], kw,
+        {"points_out": reshaped(out, (-1, coord_out.shape[0]))},
+        points_in=values.reshape((-1, values.shape[-1])), coord_in=coord_in,
+        coord_out=coord_out)
 
 
 def _nu2nu_spec(values, coord_in, coord_out, **_):
