@@ -1,4 +1,4 @@
-"""Command line: ``python -m anybind check MODULE[:NAME]`` and ``python -m anybind demo``.
+"""Command line: ``python -m anybind check MODULE[:NAME]``, ``demo`` and ``info``.
 
 See ``python -m anybind --help``; the commands live in ``cli/_main.py``.
 """

@@ -1,10 +1,10 @@
-"""The command line: ``python -m anybind check|demo``.
+"""The command line: ``python -m anybind check|demo|info``.
 
 ``check MODULE[:NAME]`` imports a module (or a ``.py`` file), finds the op
 ``NAME`` or every ``ab.Op`` the module defines, and runs ``ab.check`` on each
 with the inputs its ``examples=`` gives. ``demo`` runs the transformation
 matrix on real NumPy, SciPy and ducc0 functions. Both exit 1 when anything is
-wrong and 2 on a usage error.
+wrong and 2 on a usage error. ``info`` reports what this install has (``_info``).
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ every transformation. Commands:
   demo                 bind real NumPy/SciPy/ducc0 functions, run jit, vmap, jvp,
                        grad, jacfwd, jacrev, hessian, linear_transpose and
                        ab.check on each against pure-JAX references
+  info                 versions, the routes this install has (C handlers built or
+                       not, GPU), the shim cache and the JAX window: for bug reports
 
 Run `python -m anybind COMMAND --help` for a command's options."""
 
@@ -64,6 +66,16 @@ def parser() -> argparse.ArgumentParser:
                     "each, compare with pure-JAX references and print op × transformation "
                     "with ✓/✗, max relative error and time. Exits 1 if anything is wrong.")
     d.add_argument("--json", action="store_true", help="print the results as JSON")
+    i = sub.add_parser(
+        "info", help="report versions, the routes this install has, the shim cache",
+        description="Print anybind's, Python's, jax's, jaxlib's and NumPy's versions and those "
+                    "of the optional packages of each extra; the routes available in this "
+                    "install (the Python FFI handler and the compiled shim built at install "
+                    "or not, a C compiler to build the shim at first use, GPUs seen by JAX); "
+                    "the shim cache's location and state; and the JAX window of the package "
+                    "metadata. Builds and writes nothing. Exits 1 if the installed jax, "
+                    "jaxlib or NumPy is outside the window.")
+    i.add_argument("--json", action="store_true", help="print the report as JSON")
     return p
 
 
@@ -76,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     # host code runs on the CPU backend: keep example arrays there on GPU machines too
     with jax.default_device(jax.devices("cpu")[0]):
+        if args.command == "info":
+            from . import _info
+            return _info.run(as_json=args.json)
         return check_command(args) if args.command == "check" else demo_command(args)
 
 
