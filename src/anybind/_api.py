@@ -307,6 +307,15 @@ class Op(Handle):
         return self._core.torch
 
 
+def handle_of(core: CoreOp) -> Op:
+    """An ``Op`` handle on an op that exists already (a front end gives back the op
+    behind one of its objects: ``ab.from_torch(op.torch)`` is ``op``)."""
+    h = object.__new__(Op)
+    object.__setattr__(h, "_core", core)
+    object.__setattr__(h, "_made", (core.fn, None, []))
+    return h
+
+
 def _remade(fn: Callable, options: Options, defs: tuple) -> Op:
     op = Op(fn, **vars(options))
     for name, rule, kwargs in defs:

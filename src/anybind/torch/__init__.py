@@ -16,7 +16,4 @@ module             what it holds
 Importing this package registers the front end with core
 (``core._frontends``): ``op.torch`` and bound ops called on torch tensors.
 """
-from . import _ad, _bridges, _front
-
-_front.AD = _ad
-_front.BRIDGES = _bridges
+from . import _ad, _bridges, _front  # noqa: F401  (_front registers the front end)

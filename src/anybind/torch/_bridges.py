@@ -29,6 +29,7 @@ would get a per-shard partial sum).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable
 
 import jax
@@ -38,6 +39,7 @@ from jax import tree_util
 
 from .. import _api
 from ..core import _closures, _sharding
+from ..core._op import core_of
 from ..core._jax import ShapedArray
 from ..core._spec import infer_outputs
 from . import _jax_engine, _torch_engine
@@ -70,6 +72,11 @@ class Bridge:
     def __init__(self, engine: Engine, fn: Callable, vmap):
         self.engine, self.fn, self.vmap = engine, fn, vmap
         self.derived: dict = {}
+        self.version = -1  # the op's version once the bridge's own rules are set
+
+
+# each bridge op's Bridge, kept as long as the op lives
+BRIDGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 # ----------------------------------------------------------------- public API
@@ -117,7 +124,7 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     if isinstance(fn, _api.Op):
         return fn  # already an op, with its own op.torch
     if isinstance(fn, TorchOp):
-        return _handle(fn.op)  # JAX code sent to torch and back: the op itself
+        return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
     if isinstance(fn, torch.nn.Module):
         fn = _module_function(fn)
     if not callable(fn):
@@ -168,11 +175,11 @@ def jax_bridge(core) -> TorchOp:
     The bridge's function is the op itself called in JAX, so its own rules (a
     custom jvp, a traced transpose) are what JAX differentiates.
     """
-    made = core.__dict__.get("_jax_bridge")
-    if made is None:
-        h = bridge(JAX, core, name=core.name, shape=EvalShape(core), vmap=None)
-        made = core.__dict__.setdefault("_jax_bridge", h._core.torch)
-    return made
+    return core.state("torch.jax_bridge", _make_jax_bridge)
+
+
+def _make_jax_bridge(core) -> TorchOp:
+    return core_of(bridge(JAX, core, name=core.name, shape=EvalShape(core), vmap=None)).torch
 
 
 # ------------------------------------------------------------------ the bridge
@@ -187,7 +194,7 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
         handle = _api.bind(engine.device(fn, name), device=True, host=host, **opts)
     else:
         handle = _api.bind(host, **opts)
-    core = handle._core
+    core = core_of(handle)
     if vmap is None or callable(vmap):  # the engine's vmap rule, or the user's on tensors
         user = None if vmap is None else vmap
         kw = {"out_batched": True} if user is None else {}
@@ -196,13 +203,20 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
                             host=engine.vmap(fn, name, user), **kw)
         else:
             handle.def_vmap(engine.vmap(fn, name), **kw)
-        core._vmap_declared, core.vmap = True, "sequential"  # for host rules the user adds
-    core.bridge = Bridge(engine, fn, vmap)
+        core.declare_vmap("sequential")  # for host rules the user adds
+    b = BRIDGES[core] = Bridge(engine, fn, vmap)
     handle.def_jvp(_rule(core, "jvp"), traced=True)
     handle.def_vjp(_rule(core, "vjp"), traced=True)
-    if engine.native:
-        core.__dict__["_torch_front"] = fn  # op.torch: the torch code itself
+    b.version = core.version  # op.torch is the torch code itself until a rule changes
     return handle
+
+
+def native_code(core):
+    """The torch code of a bridge from torch whose rules are still its own, or None."""
+    b = BRIDGES.get(core)
+    if b is not None and b.engine.native and b.version == core.version:
+        return b.fn
+    return None
 
 
 def _rule(core, kind: str) -> Callable:
@@ -215,15 +229,15 @@ def _rule(core, kind: str) -> Callable:
 
 def derived(core, kind: str):
     """The bridge of the engine's jvp or vjp of the op's function (made on first use)."""
-    made = core.bridge.derived.get(kind)
+    b = BRIDGES[core]
+    made = b.derived.get(kind)
     if made is None:
-        b = core.bridge
         fn = (b.engine.jvp_of if kind == "jvp" else b.engine.vjp_of)(b.fn)
         vmap = b.vmap if b.vmap in ("sequential", "vectorized") else None
         shard = Shard(core, kind) if core.shard is not None else None
         h = bridge(b.engine, fn, name=f"{core.name}_{kind}", shape=Spec(core, kind),
                    vmap=vmap, shard=shard)
-        made = b.derived.setdefault(kind, h._core)
+        made = b.derived.setdefault(kind, core_of(h))
     return made
 
 
@@ -299,7 +313,7 @@ def _parent_call(core, primals, kw):
     ks, kw_tree = tree_util.tree_flatten(operands)
     static = tuple(sorted(static.items()))
     aval = lambda s: ShapedArray(tuple(s.shape), np.dtype(s.dtype))
-    return core._make_call(args_tree, kw_tree, static, tuple(map(aval, xs)),
+    return core.call_for(args_tree, kw_tree, static, tuple(map(aval, xs)),
                            tuple(map(aval, ks)), tuple(type(v) for _, v in static))
 
 
@@ -369,11 +383,4 @@ def _module_function(module: torch.nn.Module) -> Callable:
     call_module.__name__ = type(module).__name__
     call_module.module = module
     return call_module
-
-
-def _handle(core) -> _api.Op:
-    """An ``Op`` handle on an op's core."""
-    h = object.__new__(_api.Op)
-    object.__setattr__(h, "_core", core)
-    return h
 

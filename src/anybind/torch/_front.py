@@ -207,7 +207,8 @@ class Node:
             ins = [_np_view(t) for t in ops]
         except RuntimeError:
             if any(_is_legacy_batched(t) for t in ops):  # gradcheck's check_batched_grad
-                return AD.legacy_batch(self, list(ops))
+                from ._ad import legacy_batch  # (imports this module)
+                return legacy_batch(self, list(ops))
             raise
         try:
             if self.batch is None:
@@ -431,7 +432,8 @@ class _Fn(torch.autograd.Function):
         needs = ctx.needs_input_grad[1:]
         if node.role != "primal":  # a derived node of host code: only what the engine runs
             needs = _engine_needs(ctx, needs)
-        return (None, *AD.backward(node, list(ops), list(outs), list(cts), needs))
+        from ._ad import backward  # (imports this module)
+        return (None, *backward(node, list(ops), list(outs), list(cts), needs))
 
     @staticmethod
     def jvp(ctx, _node, *tangents):
@@ -443,11 +445,13 @@ class _Fn(torch.autograd.Function):
         # jvp (forward over forward) would silently see zeros; the unwrapped primals
         # carry no tangent of this level, so turning it back on is exact.
         with _set_fwd_grad_enabled(True):
-            return tuple(AD.forward(node, list(ops), list(outs), list(tangents)))
+            from ._ad import forward  # (imports this module)
+            return tuple(forward(node, list(ops), list(outs), list(tangents)))
 
     @staticmethod
     def vmap(info, in_dims, node, *ops):
-        return AD.batch(node, info.batch_size, in_dims[1:], list(ops))
+        from ._ad import batch  # (imports this module)
+        return batch(node, info.batch_size, in_dims[1:], list(ops))
 
 
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -604,7 +608,8 @@ class TorchOp:
         except NotTorchCode:
             if not self.op.traced:
                 raise
-            self.bridge = BRIDGES.jax_bridge(self.op)
+            from . import _bridges  # (imports this module)
+            self.bridge = _bridges.jax_bridge(self.op)
             return self.bridge.call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
@@ -617,7 +622,7 @@ class TorchOp:
         ks = [_operand(op, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
         ops = xs + ks
         key = (args_tree, kw_tree, static, tuple([(t.shape, t.dtype) for t in ops]),
-               tuple(type(v) for _, v in static), op._version)
+               tuple(type(v) for _, v in static), op.version)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._prepare(key, xs, ks)
@@ -654,7 +659,7 @@ class TorchOp:
                          for i, t in enumerate(ks))
         import jax
         with jax.enable_x64(True):  # torch's dtypes, whatever JAX's x64 setting
-            call = op._make_call(args_tree, kw_tree, static, in_avals, kw_avals, static_types)
+            call = op.call_for(args_tree, kw_tree, static, in_avals, kw_avals, static_types)
         if op.traced and op.jvp_rule is None and op.vjp_rule is None and \
                 op.transpose_rule is None and op.fwd_rule is None and op.vmap_rule is None:
             entry = (call, None, None)
@@ -732,18 +737,19 @@ _after_import("torch._dynamo", _mark_opaque)
 def torch_op(op):
     """``op.torch``: the op's ``TorchOp`` (under torch.compile, its opaque entry)."""
     if torch.compiler.is_compiling():  # dynamo must not build objects it would pass on
-        native = op.__dict__.get("_torch_front")
-        if native is not None and not isinstance(native, TorchOp):  # torch code: dynamo sees it
+        from . import _bridges  # (imports this module)
+        native = _bridges.native_code(op)
+        if native is not None:  # torch code: dynamo sees it
             return native
         return functools.partial(_compiled_entry, op)
-    return front_of(op)
+    from . import _bridges
+    native = _bridges.native_code(op)
+    return native if native is not None else front_of(op)
 
 
 def front_of(op) -> TorchOp:
-    front = op.__dict__.get("_torch_front")
-    if front is None:
-        front = op.__dict__.setdefault("_torch_front", TorchOp(op))
-    return front
+    """The op's ``TorchOp`` (kept by the op until a rule changes)."""
+    return op.state("torch.front", TorchOp)
 
 
 def _operand(op, x, what: str) -> torch.Tensor:
@@ -768,5 +774,3 @@ def _dispatch(op, *args, **kwargs):
 
 _frontends.FRONT_ENDS[torch.Tensor] = _dispatch
 _frontends.MAKERS["torch"] = torch_op
-AD = None  # the derivatives and batching of nodes: ``_ad``, which imports this module
-BRIDGES = None  # ``_bridges``, which imports this module: JAX code run by JAX
