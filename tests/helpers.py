@@ -155,11 +155,14 @@ def realify(args):
     return v, build
 
 
-HOST_TARGETS = ("anybind_python", "xla_buffer_python_cpu_callback")  # the CPU routes of host code
+# the routes of Python code: host code on the CPU (anybind's handler, XLA's buffer
+# callback), host code in GPU programs, device code
+HOST_TARGETS = ("anybind_python", "xla_buffer_python_cpu_callback",
+                "xla_ffi_python_gpu_callback", "xla_buffer_python_gpu_callback")
 
 
 def host_call_count(lowered) -> int:
-    """Number of host calls (custom calls to either CPU route of host code) in a lowering."""
+    """Number of calls of Python code (custom calls of any route above) in a lowering."""
     text = lowered if isinstance(lowered, str) else lowered.as_text()
     return sum(text.count(f"custom_call @{t}(") for t in HOST_TARGETS)
 

@@ -52,7 +52,7 @@ def _targets(text: str) -> set:
 # ------------------------------------------------------ simulated on the CPU
 
 class _Stream:
-    """Stands in for cupy.cuda.ExternalStream: records which stream is current."""
+    """Stands in for a CuPy stream made from XLA's: records which stream is current."""
     current: list = []
 
     def __init__(self, ptr):
@@ -68,9 +68,21 @@ class _Stream:
 
 FAKE_CUPY = types.SimpleNamespace(
     ndarray=np.ndarray, asarray=np.asarray, array_equal=np.array_equal, zeros=np.zeros,
-    cuda=types.SimpleNamespace(ExternalStream=_Stream,
-                               get_current_stream=lambda: _Stream.current[-1]))
+    cuda=types.SimpleNamespace(
+        Stream=types.SimpleNamespace(from_external=lambda s: _Stream(s.__cuda_stream__()[1])),
+        get_current_stream=lambda: _Stream.current[-1]))
 STREAM = 0x5EED
+
+
+@pytest.fixture(autouse=True)
+def _cpu_programs_on_the_cpu(request):
+    """Tests not marked ``gpu`` are about CPU programs (or explicit lowerings): on a machine
+    with a GPU they still run on the CPU."""
+    if request.node.get_closest_marker("gpu") is not None:
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
 
 
 @pytest.fixture
@@ -81,6 +93,7 @@ def simulated(monkeypatch):
     monkeypatch.setattr(_gpu_device, "TARGET", "xla_buffer_python_cpu_callback")
     monkeypatch.setattr(_gpu_device, "array_module", lambda call: FAKE_CUPY)
     monkeypatch.setattr(_gpu_device, "stream_of", lambda exec_ctx: STREAM)
+    monkeypatch.setattr(_gpu_device, "enter_device", lambda views: None)
 
 
 @pytest.mark.parametrize("vmap", ["sequential", "vectorized"])
@@ -280,6 +293,152 @@ def test_gpu_host_op_in_a_gpu_program():
                  **TOL)
     report = ab.check(op, x[:8])
     assert report.ok, str(report)
+
+
+def _busy_program(op):
+    """jit(f)(w, x): op(x, s) where s comes out of a chain of large matrix products on w,
+    so the GPU is still busy when XLA reaches the op (no while loop: its predicate would
+    be read on the host, a synchronisation of its own)."""
+    def f(w, x):
+        for _ in range(12):
+            w = jnp.tanh(w @ w) * 0.5
+        return op(x, w[0, :x.shape[0]])
+    return jax.jit(f)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_device_code_gets_views_on_xlas_stream_without_a_sync():
+    """Device code gets CuPy views of XLA's own buffers (the pointer of the jax.Array
+    passed in), made without synchronising the device (an event recorded on the stream
+    when the code starts is not yet reached: the matrix products before it still run),
+    on XLA's stream (the current stream, also given as ``stream=``), ordered after the
+    work that produced its inputs (the values read are the finished products)."""
+    import cupy as cp
+    seen = {}
+
+    def add(x, s, *, stream):
+        mark = cp.cuda.Event(disable_timing=True)
+        mark.record()
+        seen.update(busy=not mark.done, ptr=x.data.ptr, type=type(x), stream=stream,
+                    current=cp.cuda.get_current_stream().ptr)
+        return x + s
+
+    op = ab.bind(add, shape=ab.like(0), device=True, name="g_views")
+    w = jax.random.normal(jax.random.key(0), (8192, 8192), jnp.float32) / 90.0
+    x = jax.device_put(np.arange(64, dtype=np.float32), jax.devices("gpu")[0])
+    prog = _busy_program(op)
+    want = _busy_program(lambda x, s: x + s)(w, x)
+    prog(w, x).block_until_ready()  # compiled; the next call is the one looked at
+    seen.clear()
+    got = prog(w, x).block_until_ready()
+    assert seen["type"] is cp.ndarray
+    assert seen["ptr"] == x.unsafe_buffer_pointer(), "the view is not XLA's buffer"
+    assert seen["stream"] == seen["current"] != 0, "device code is not on XLA's stream"
+    assert seen["busy"], "the device was synchronised before the device code ran"
+    assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _profiled_copies(fn, path) -> tuple[int, int]:
+    """(copies between host and device, kernels) in a CUDA profile (CUPTI, through torch's
+    profiler: it records every library's work in the process, XLA's too) of fn()."""
+    import json
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    copies = sum(e.get("cat") == "gpu_memcpy" and ("HtoD" in e["name"] or "DtoH" in e["name"])
+                 for e in events)
+    return copies, sum(e.get("cat") == "kernel" for e in events)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's profiler reports its own setup
+def test_gpu_bridges_and_device_code_copy_nothing_through_the_host(tmp_path):
+    """A CUDA profile of ab.from_torch in a GPU program, ab.to_torch on CUDA tensors and a
+    device op: kernels run and no copy crosses between host and device. Host code in
+    the same program does copy (the control that shows the profile sees XLA's copies)."""
+    torch = pytest.importorskip("torch")
+    gpu0 = jax.devices("gpu")[0]
+    x = jax.device_put(np.linspace(-1.0, 1.0, 4096), gpu0)
+    t = torch.linspace(-1.0, 1.0, 4096, dtype=torch.float64, device="cuda")
+    cube_t = ab.from_torch(lambda x: torch.sin(x) ** 3, name="g_prof_from")
+    cube_j = ab.to_torch(lambda x: jnp.sin(x) ** 3, name="g_prof_to")
+    device = ab.bind(lambda x: x * x * x, shape=ab.like(0), device=True, name="g_prof_dev")
+    host = ab.bind(lambda x: x * x * x, shape=ab.like(0), name="g_prof_host")
+    grad_t = jax.jit(jax.grad(lambda x: cube_t(x).sum()))
+    runs = {"from_torch": lambda: grad_t(x).block_until_ready(),
+            "to_torch": lambda: cube_j(t),
+            "device op": lambda: jax.jit(device)(x).block_until_ready(),
+            "host op": lambda: jax.jit(host)(x).block_until_ready()}
+    for run in runs.values():
+        run()  # compiled and warm
+    for what, run in runs.items():
+        copies, kernels = _profiled_copies(run, tmp_path / f"{what.replace(' ', '_')}.json")
+        if what == "host op":  # a program of one callback: copies, no kernel
+            assert copies >= 2, "the profile saw no copy of host code's operands"
+        else:
+            assert kernels > 0, f"{what}: the profile saw no kernel"
+            assert copies == 0, f"{what}: {copies} copies between host and device"
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
+    """ab.from_torch in a GPU program: the torch function gets CUDA tensors over XLA's
+    buffers on XLA's stream; values and jit(grad), vmap, hessian against JAX's own."""
+    torch = pytest.importorskip("torch")
+    import cupy as cp
+    seen = []
+
+    def cube(x):
+        try:
+            ptr = x.data_ptr()
+        except RuntimeError:  # torch.func's wrapped tensors have no storage of their own
+            ptr = None
+        seen.append((x.device.type, ptr, torch.cuda.current_stream().cuda_stream,
+                     cp.cuda.get_current_stream().ptr))
+        return torch.sin(x) ** 3
+
+    op = ab.from_torch(cube, shape=ab.like(0), name="g_from_torch")
+    x = jax.device_put(np.linspace(-1.0, 1.0, 64), jax.devices("gpu")[0])
+    f = lambda x: jnp.sin(x) ** 3
+    assert_close(jax.jit(op)(x), f(x), **TOL)
+    device, ptr, torch_stream, cupy_stream = seen[-1]
+    assert device == "cuda" and ptr == x.unsafe_buffer_pointer()
+    assert torch_stream == cupy_stream != 0
+    assert_close(jax.jit(jax.grad(lambda x: op(x).sum()))(x),
+                 jax.grad(lambda x: f(x).sum())(x), **TOL)
+    X = x.reshape(8, 8)
+    assert_close(jax.jit(jax.vmap(op))(X), f(X), **TOL)
+    assert_close(jax.jit(jax.hessian(lambda x: op(x).sum()))(x[:4]),
+                 jax.hessian(lambda x: f(x).sum())(x[:4]), **TOL)
+    assert {s[0] for s in seen} == {"cuda"}, "torch code got a tensor off the GPU"
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_to_torch_on_cuda_tensors():
+    """ab.to_torch with CUDA tensors: results on the same device, backward, torch.func."""
+    torch = pytest.importorskip("torch")
+    f = ab.to_torch(lambda x: jnp.sum(jnp.sin(x) ** 2), name="g_to_torch")
+    x = torch.linspace(-1.0, 1.0, 64, dtype=torch.float64, device="cuda", requires_grad=True)
+    y = f(x)
+    assert y.device == x.device
+    torch.testing.assert_close(y, torch.sum(torch.sin(x) ** 2), rtol=1e-10, atol=1e-10)
+    y.backward()
+    assert x.grad.device == x.device
+    torch.testing.assert_close(x.grad, torch.sin(2 * x.detach()), rtol=1e-10, atol=1e-10)
+    hess = torch.func.hessian(f)(x.detach()[:4])
+    torch.testing.assert_close(hess.diagonal(), 2 * torch.cos(2 * x.detach()[:4]),
+                               rtol=1e-10, atol=1e-10)
+    g = ab.to_torch(lambda x: jnp.sin(x) ** 3, name="g_to_torch_vmap")
+    X = x.detach().reshape(8, 8)
+    torch.testing.assert_close(torch.vmap(g)(X), torch.sin(X) ** 3, rtol=1e-10, atol=1e-10)
 
 
 def test_api_docstring_examples_run():

@@ -57,7 +57,8 @@ def array_module(call: Call):
     except ImportError as e:
         raise ImportError(
             f"anybind op '{call.op.name}' has device code (device=True), which runs on "
-            f"CuPy views of XLA's buffers; install CuPy (pip install cupy-cuda12x)") from e
+            f"CuPy views of XLA's buffers; install CuPy (pip install cupy-cuda13x; "
+            f"cupy-cuda12x for CUDA 12)") from e
     return cupy
 
 
@@ -75,6 +76,33 @@ def with_stream(fn: Callable, xp) -> Callable:
 def stream_of(exec_ctx) -> int:
     """XLA's stream for this call (a cudaStream_t, as an int)."""
     return exec_ctx.stream
+
+
+class _StreamHandle:
+    """A cudaStream_t by the CUDA stream protocol (``__cuda_stream__``: version, pointer)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return 0, self.ptr
+
+
+def external_stream(xp, ptr: int):
+    """XLA's stream as a CuPy stream: ``Stream.from_external`` (CuPy 14 deprecates
+    ``ExternalStream``), ``ExternalStream`` on older CuPy."""
+    from_external = getattr(xp.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return xp.cuda.ExternalStream(ptr)
+    return from_external(_StreamHandle(ptr))
+
+
+def enter_device(views) -> None:
+    """Make the device of XLA's buffers current on this thread: XLA may call from a thread
+    with no current CUDA context, where libraries that check for one (torch's cuBLAS
+    handles) warn before making one current themselves."""
+    if views:
+        views[0].device.use()
 
 
 class Route:
@@ -107,8 +135,9 @@ class Route:
         n_out = len(ctx.avals_out)
 
         def callback(exec_ctx, *buffers):
-            with xp.cuda.ExternalStream(stream_of(exec_ctx)):
-                views = [xp.asarray(b) for b in buffers]
+            views = [xp.asarray(b) for b in buffers]  # views: no copy, no synchronisation
+            enter_device(views)
+            with external_stream(xp, stream_of(exec_ctx)):
                 guarded(views[:len(views) - n_out], views[len(views) - n_out:])
             return ()
         ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))
