@@ -5,7 +5,8 @@ Every point array has shape (*batch, M); the values have (*batch', M) (types
 left; where the points have size 1 and the values more, those values share the
 points (a "stacked" transform, ducc0's ``ntrans``); where they match, each
 index is its own transform with its own points. The points may also omit the
-values' last leading axis (an implicit size-1 axis before M).
+values' last leading axes (implicit size-1 axes before M): jax-finufft allows
+one, here any number, so points (M,) serve values (..., M) of any shape.
 
 ``broadcast_and_flatten_inputs`` brings every case to one layout: values
 (B, S, …) and points (B, M), B the independent transforms and S those that
@@ -55,10 +56,12 @@ def broadcast_and_flatten_inputs(nufft_type: int, output_shape, source, *points)
         targets = [jnp.broadcast_to(t, lead + (n_out,)) for t in targets]
 
     core = nd if nufft_type == 2 else 1  # the values' trailing axes: modes or points
-    if source.ndim == len(lead) + core + 1:  # points without the values' last leading axis
-        lead = lead + (1,)
-        points = [p[..., None, :] for p in points]
-        targets = [t[..., None, :] for t in targets]
+    missing = source.ndim - core - len(lead)
+    if missing > 0:  # points without the values' last leading axes: implicit, of size 1
+        lead = lead + (1,) * missing
+        points = [jnp.reshape(p, p.shape[:-1] + (1,) * missing + p.shape[-1:]) for p in points]
+        targets = [jnp.reshape(t, t.shape[:-1] + (1,) * missing + t.shape[-1:])
+                   for t in targets]
 
     target = tuple(np.broadcast_shapes(tuple(source.shape[:len(lead)]), lead))
     shared_from = tuple(i for i, (a, b) in enumerate(zip(lead, target)) if a != b)
