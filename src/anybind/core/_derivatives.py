@@ -158,8 +158,10 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
     if op.symmetric:  # a primitive, so that reverse mode transposes it into the jvp rule
         return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
 
+    lay = Layout("jvp", call)
+
     def core(*ops):
-        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m:]
+        xs, ks, _, ts = lay.split(ops)
         if jr is None and vr is None:  # JAX's own derivative of a traced function
             return _jax_jvp(call, present, xs, ks, ts)
         if jr is not None and jr.traced and vr is None:  # None: a zero kept symbolic

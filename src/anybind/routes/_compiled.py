@@ -69,7 +69,8 @@ from ..core._batching import host_mode
 from ..core._code import cffi_ctype, cffi_ffi, compiled_kind, is_compiled
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
-from . import _shimlib, _signatures
+from ..core.roles import Layout
+from . import _dtypes, _shimlib, _signatures
 from ._host import cpu_only
 
 TARGET = _shimlib.TARGET
@@ -88,9 +89,7 @@ message; it returns 0 on success.
 # pointer (p) or 64-bit integer (q) parameters, in order; the result is a 32-bit integer
 _PARAMS = "ppppp" "qq" "pq"
 
-_DTYPE_CODES = {"bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint8": 6,
-                "uint16": 7, "uint32": 8, "uint64": 9, "float16": 10, "float32": 11,
-                "float64": 12, "complex64": 15, "bfloat16": 16, "complex128": 18}
+_DTYPE_CODES = _dtypes.COMPILED
 
 
 def dtype_code(dtype) -> int:
@@ -421,7 +420,6 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     _shimlib.register_target()
     if batch is not None and batch.size == 0:  # an empty batch: nothing to call
         return [_jax.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
-    n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
     zero_lead = () if batch is None else (1,)
     out_lead = () if batch is None else (batch.size,)
     ins = list(zip(args, ctx.avals_in))
@@ -438,20 +436,15 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
         return res
 
     select = None
+    xs, ks, rs, rest = Layout(role, call).split(ins)
     if role in ("primal", "fwd"):
         outs = list(ctx.avals_out)
     elif role == "jvp":
-        ins = ins[:n + m] + filled(lin, ins[n + m + r:], call.in_avals, call.float_in)
+        ins = xs + ks + filled(lin, rest, call.in_avals, call.float_in)
         outs = list(ctx.avals_out)
     else:
-        lin_at = n + m + r if role == "vjp" else m
-        cts = filled(lin, ins[lin_at:], call.out_avals, call.float_out)
-        if role == "transpose":
-            ins = ins[:m] + cts
-        elif kind == "bwd":
-            ins = ins[n:n + m + r] + cts
-        else:
-            ins = ins[:n + m] + cts
+        cts = filled(lin, rest, call.out_avals, call.float_out)
+        ins = (ks + rs if kind == "bwd" else xs + ks) + cts  # a transpose has no xs
         floats = [i for i, f in enumerate(call.float_in) if f]
         outs = [ShapedArray(out_lead + call.in_avals[i].shape, call.in_avals[i].dtype)
                 for i in floats]

@@ -40,29 +40,12 @@ import jax.numpy as jnp
 from .._errors import MissingRuleError
 from .._spec import Call, Rule, fmt_aval
 from . import _jvp, _primal, _transpose, _vjp
-from ._common import (ROLE_NAMES, ROLES, check_traced_outputs, out_avals, out_names, role_name,
-                      uses_residuals)
+from ._common import (ROLE_NAMES, ROLES, Layout, check_traced_outputs, out_avals, out_names,
+                      role_name, uses_residuals)
 
 __all__ = ["ROLES", "ROLE_NAMES", "Layout", "MissingRuleError", "check_symmetric", "derives_jvp",
            "make_run", "missing_rule_message", "out_avals", "out_names", "role_name",
            "rule_of", "traced_run", "traced_tangents", "uses_residuals"]
-
-
-class Layout:
-    """Where a role's operands stand: inputs x, keyword operands k, the linear ones."""
-
-    def __init__(self, role: str, call: Call, n_operands: int):
-        n, m = call.n_in, len(call.kw_avals)
-        self.xs = range(0) if role == "transpose" else range(0, n)
-        self.ks = range(self.xs.stop, self.xs.stop + m)
-        stop = self.ks.stop
-        self.rs = range(stop, stop + len(call.res_avals)) if role in ("jvp", "vjp") \
-            else range(stop, stop)
-        if role == "primal" and call.op.linear:
-            self.lin, self.nonlin = self.xs, self.ks
-        else:
-            self.lin = range(self.rs.stop, n_operands)
-            self.nonlin = range(0, self.rs.stop)
 
 
 def derives_jvp(call: Call) -> bool:
@@ -135,25 +118,19 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
             raise TypeError(f"anybind op '{op.name}': the fwd rule cannot be in place")
         return _primal.fwd(call, rule.fn, xp, lead)
     if role == "jvp":
-        if rule.out:
-            return _jvp.jvp_inplace(call, rule.fn, lin, lead, zeros_as_none)
-        if derives_jvp(call):
+        if derives_jvp(call) and not rule.out:
             return _jvp.transposed_vjp(
                 call, lin, traced_run("vjp", call, op.vjp_rule, call.float_out, lin))
-        return _jvp.jvp(call, rule.fn, lin, xp, lead, zeros_as_none)
+        return _jvp.jvp(call, rule.fn, lin, xp, lead, zeros_as_none, inplace=rule.out)
     if role == "vjp":
         if uses_residuals(call):
-            if rule.out:
-                return _vjp.bwd_inplace(call, rule.fn, lin, need, lead, zeros_as_none)
-            return _vjp.bwd(call, rule.fn, lin, need, xp, lead, zeros_as_none)
-        if rule.out:
-            return _vjp.vjp_inplace(call, rule.fn, lin, need, lead, zeros_as_none)
-        if op.symmetric:
+            return _vjp.bwd(call, rule.fn, lin, need, xp, lead, zeros_as_none, inplace=rule.out)
+        if op.symmetric and not rule.out:
             return _vjp.symmetric_vjp(call, rule.fn, lin, need, xp, lead, zeros_as_none)
-        return _vjp.vjp(call, rule.fn, lin, need, xp, lead, zeros_as_none)
+        return _vjp.vjp(call, rule.fn, lin, need, xp, lead, zeros_as_none, inplace=rule.out)
     if rule.out:
-        return _transpose.transpose_inplace(call, rule.fn, lin, need, lead, zeros_as_none,
-                                            rule.input_shapes)
+        return _transpose.transpose(call, rule.fn, lin, need, xp, lead, zeros_as_none,
+                                    rule.input_shapes, inplace=True)
     if op.multilinear:
         return _transpose.multilinear(call, rule, need, xp, lead)
     if op.transpose_rule is None and op.symmetric:  # its own transpose

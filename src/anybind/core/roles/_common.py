@@ -11,6 +11,8 @@ piece                       what it does
 ``flatten_outputs``         a rule's output pytree as leaves, or a structure error
 ``flatten_per_arg``         a rule's per-argument cotangents as leaves, or an error
 ``cotangent_out``           in-place rules: output views as one entry per argument
+``Layout``                  where a role's operands stand, and ``split`` into them
+``form``                    a rule's runner, plain or in place, from how it is called
 ``check_traced_outputs``    a traced rule's outputs checked against the avals
 ==========================  ==========================================================
 
@@ -69,6 +71,52 @@ def role_name(role: str, call: Call) -> str:
     if role == "vjp" and call.op.symmetric:
         return ROLE_NAMES["symmetric"]
     return ROLE_NAMES["bwd" if role == "vjp" and uses_residuals(call) else role]
+
+
+class Layout:
+    """Where a role's operands stand: inputs xs, keyword operands ks, residuals rs (jvp
+    and vjp of an op with a fwd rule), then the linear operands (tangents ẋ or
+    cotangents ȳ); ``lin``/``nonlin`` are the linear and fixed ones."""
+
+    def __init__(self, role: str, call: Call, n_operands: int | None = None):
+        n, m = call.n_in, len(call.kw_avals)
+        self.xs = range(0) if role == "transpose" else range(0, n)
+        self.ks = range(self.xs.stop, self.xs.stop + m)
+        stop = self.ks.stop
+        self.rs = range(stop, stop + len(call.res_avals)) if role in ("jvp", "vjp") \
+            else range(stop, stop)
+        if n_operands is None:
+            return
+        if role == "primal" and call.op.linear:
+            self.lin, self.nonlin = self.xs, self.ks
+        else:
+            self.lin = range(self.rs.stop, n_operands)
+            self.nonlin = range(0, self.rs.stop)
+
+    def split(self, ops: Sequence) -> tuple:
+        """``(xs, ks, rs, rest)``: the operands by part, ``rest`` the linear ones."""
+        a, b, c = self.xs.stop, self.ks.stop, self.rs.stop
+        return ops[:a], ops[a:b], ops[b:c], ops[c:]
+
+
+def form(call: Call, role: str, fn: Callable, args_of: Callable, finish: Callable | None,
+         out_of: Callable | None = None) -> Callable:
+    """The runner of a rule called as ``fn(*args, **kw)``, ``(args, kw) = args_of(ops)``.
+
+    Plain (``out_of`` None): ``run(*ops) -> finish(what fn returned)``. In place:
+    ``run(ins, outs) -> None``, calling ``fn(*args, out=out_of(outs), **kw)``,
+    which writes into XLA's buffers and must return None.
+    """
+    if out_of is None:
+        def run(*ops):
+            args, kw = args_of(ops)
+            return finish(fn(*args, **kw))
+        return run
+
+    def run_inplace(ins, outs) -> None:
+        args, kw = args_of(ins)
+        check_none(call, role, fn(*args, out=out_of(outs), **kw))
+    return run_inplace
 
 
 def zeros_of(xp, lead, aval):

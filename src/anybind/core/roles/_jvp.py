@@ -23,26 +23,29 @@ import numpy as np
 from .._errors import MissingRuleError
 from .._jax import jaxpr_as_fun
 from .._spec import Call
-from ._common import check_none, filler, flatten_outputs, out_avals, selector
+from ._common import Layout, filler, flatten_outputs, form, out_avals, selector
 
 
 def jvp(call: Call, fn: Callable, lin: Sequence[bool], xp, lead=(),
-        symbolic: bool = False, keep_none: bool = False) -> Callable[..., list]:
-    """``keep_none``: a None the rule returns stays None (a zero JAX keeps symbolic)."""
-    n, m = call.n_in, len(call.kw_avals)
-    r = len(call.res_avals)
-    fill = filler(lin, call.in_avals, call.float_in, xp, lead, symbolic)
+        symbolic: bool = False, keep_none: bool = False,
+        inplace: bool = False) -> Callable:
+    """``jvp(primals, tangents, **kw)``; ``keep_none``: a None the rule returns stays None
+    (a zero JAX keeps symbolic); ``inplace``: ``jvp(primals, tangents, out=∂f(x)·ẋ)``."""
+    lay = Layout("jvp", call)
+    fill = filler(lin, call.in_avals, call.float_in, np if inplace else xp, lead, symbolic)
+
+    def args_of(ops):
+        xs, ks, _, ts = lay.split(ops)
+        return (call.args(xs), call.args(fill(ts))), call.kwargs(ks)
+
+    if inplace:
+        return form(call, "jvp", fn, args_of, None, tangent_out(call))
     if keep_none:
         floats = [j for j, f in enumerate(call.float_out) if f]
         select = lambda leaves: [leaves[j] for j in floats]  # noqa: E731
     else:
         select = selector(call.float_out, call.out_avals, xp, lead)
-
-    def run(*ops):
-        xs, ks, ts = ops[:n], ops[n:n + m], ops[n + m + r:]
-        out = fn(call.args(xs), call.args(fill(ts)), **call.kwargs(ks))
-        return select(flatten_outputs(call, "jvp", out))
-    return run
+    return form(call, "jvp", fn, args_of, lambda out: select(flatten_outputs(call, "jvp", out)))
 
 
 def tangent_out(call: Call) -> Callable[[list], object]:
@@ -60,19 +63,6 @@ def tangent_out(call: Call) -> Callable[[list], object]:
     return make
 
 
-def jvp_inplace(call: Call, fn: Callable, lin, lead=(), symbolic: bool = False) -> Callable:
-    """jvp(primals, tangents, out=∂f(x)·ẋ)."""
-    n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
-    fill = filler(lin, call.in_avals, call.float_in, np, lead, symbolic)
-    out_of = tangent_out(call)
-
-    def run(ins, outs) -> None:
-        xs, ks, ts = ins[:n], ins[n:n + m], ins[n + m + r:]
-        check_none(call, "jvp", fn(call.args(xs), call.args(fill(ts)), out=out_of(outs),
-                                    **call.kwargs(ks)))
-    return run
-
-
 def jax_jvp_rule(fn: Callable) -> Callable:
     """JAX's own jvp of a traced function, as a jvp rule."""
     def jvp(primals, tangents, **kw):
@@ -87,13 +77,13 @@ def transposed_vjp(call: Call, lin, vjp_run: Callable) -> Callable[..., list]:
     transposes ``f_jvp`` into ``f_vjp``, which runs the rule as given, so a vjp
     rule that is not linear in ȳ (clipping, straight-through) serves reverse mode.
     """
-    n, m = call.n_in, len(call.kw_avals)
+    lay = Layout("jvp", call)
     run = vjp_run
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals("jvp", call, None, None)]
 
     def run_jvp(*ops):
-        fixed, ts = ops[:n + m], ops[n + m:]
-        vjp_jaxpr = jax.make_jaxpr(lambda *cts: run(*fixed, *cts))(*sds)  # the rule's errors
+        xs, ks, _, ts = lay.split(ops)
+        vjp_jaxpr = jax.make_jaxpr(lambda *cts: run(*xs, *ks, *cts))(*sds)  # the rule's errors
         try:
             return list(jax.linear_transpose(jaxpr_as_fun(vjp_jaxpr), *sds)(list(ts)))
         except Exception as e:  # JAX raises NotImplementedError, AssertionError, RuntimeError

@@ -27,43 +27,28 @@ from jax import tree_util
 from .._errors import MissingRuleError
 from .._multilinear import index_of, need_of, owners, split
 from .._spec import Call, Rule
-from ._common import (check_none, cotangent_maker, cotangent_out, fill, flatten_per_arg, needs,
-                      selector, zeros_of)
+from ._common import (Layout, cotangent_maker, cotangent_out, fill, flatten_per_arg, form,
+                      needs, selector, zeros_of)
 from ._primal import primal
 
 
-def transpose(call: Call, fn: Callable, lin, need, xp, lead=(),
-              symbolic: bool = False, input_shapes: bool = False) -> Callable[..., list]:
-    m = len(call.kw_avals)
+def transpose(call: Call, fn: Callable, lin, need, xp, lead=(), symbolic: bool = False,
+              input_shapes: bool = False, inplace: bool = False) -> Callable:
+    """``transpose(ȳ, **kw)``; ``inplace``: ``transpose(ȳ, out=Aᵀ·ȳ, **kw)``."""
     extra = {"needs": needs(call, need)} if symbolic else {}
     if input_shapes:
         extra["input_shapes"] = call.input_shapes
+    lay = Layout("transpose", call)
+    cotangent = cotangent_maker(call, lin, np if inplace else xp, lead, symbolic)
 
-    cotangent = cotangent_maker(call, lin, xp, lead, symbolic)
+    def args_of(ops):
+        _, ks, _, cts = lay.split(ops)
+        return (cotangent(cts),), {**call.kwargs(ks), **extra}
+    if inplace:
+        return form(call, "transpose", fn, args_of, None, cotangent_out(call, need))
     select = selector(need, call.in_avals, xp, lead)
-
-    def run(*ops):
-        ks, cts = ops[:m], ops[m:]
-        out = fn(cotangent(cts), **call.kwargs(ks), **extra)
-        return select(flatten_per_arg(call, "transpose", out))
-    return run
-
-
-def transpose_inplace(call: Call, fn: Callable, lin, need, lead=(), symbolic: bool = False,
-              input_shapes: bool = False) -> Callable:
-    """transpose(ȳ, out=Aᵀ·ȳ)."""
-    m = len(call.kw_avals)
-    extra = {"needs": needs(call, need)} if symbolic else {}
-    if input_shapes:
-        extra["input_shapes"] = call.input_shapes
-    cotangent = cotangent_maker(call, lin, np, lead, symbolic)
-    out_of = cotangent_out(call, need)
-
-    def run(ins, outs) -> None:
-        ks, cts = ins[:m], ins[m:]
-        check_none(call, "transpose", fn(cotangent(cts), out=out_of(outs), **call.kwargs(ks),
-                                          **extra))
-    return run
+    return form(call, "transpose", fn, args_of,
+                lambda out: select(flatten_per_arg(call, "transpose", out)))
 
 
 def self_transpose(fn: Callable) -> Callable:
@@ -72,12 +57,12 @@ def self_transpose(fn: Callable) -> Callable:
 
 
 def traced_linear_transpose(call: Call, lin, need, primal_run: Callable) -> Callable[..., list]:
-    m = len(call.kw_avals)
+    lay = Layout("transpose", call)
     fwd = primal_run
     sds = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in call.in_avals]
 
     def run(*ops):
-        ks, cts = ops[:m], ops[m:]
+        _, ks, _, cts = lay.split(ops)
         full = fill(lin, cts, call.out_avals, call.float_out, jnp, (), False)
         t = jax.linear_transpose(lambda *xs: fwd(*xs, *ks), *sds)(full)
         return [c for c, k in zip(t, need) if k]

@@ -24,15 +24,22 @@ from typing import Callable
 import numpy as np
 
 from .._spec import Call
-from ._common import (check_none, cotangent_maker, cotangent_out, filler, flatten_outputs,
-                      flatten_per_arg, needs, selector, simple, zeros_of)
+from ._common import (Layout, check_none, cotangent_maker, cotangent_out, filler,
+                      flatten_outputs, flatten_per_arg, form, needs, selector, simple, zeros_of)
 
 
-def vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
-        symbolic: bool = False) -> Callable[..., list]:
-    n, m = call.n_in, len(call.kw_avals)
+def vjp(call: Call, fn: Callable, lin, need, xp, lead=(), symbolic: bool = False,
+        inplace: bool = False) -> Callable:
+    """``vjp(primals, ȳ, **kw)``; ``inplace``: ``vjp(primals, ȳ, out=∂f(x)ᵀ·ȳ, **kw)``."""
+    n = call.n_in
     extra = {"needs": needs(call, need)} if symbolic else {}
-    if simple(call) and all(lin) and xp is np:  # the hot path: x1, x2, ... ↦ one array
+    if simple(call) and all(lin) and (inplace or xp is np):  # the hot path: x1, … ↦ one array
+        if inplace:
+            out_of = cotangent_out(call, need)
+
+            def run_simple_inplace(ins, outs) -> None:
+                check_none(call, "vjp", fn(tuple(ins[:n]), ins[n], out=out_of(outs), **extra))
+            return run_simple_inplace
         picked = [(i, zeros_of(xp, lead, a)) for i, (k, a) in enumerate(zip(need, call.in_avals))
                   if k]
 
@@ -42,60 +49,35 @@ def vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
                 flatten_per_arg(call, "vjp", out)  # raises the error
             return [z if out[i] is None else out[i] for i, z in picked]
         return run_simple
-    cotangent = cotangent_maker(call, lin, xp, lead, symbolic)
+    lay = Layout("vjp", call)
+    cotangent = cotangent_maker(call, lin, np if inplace else xp, lead, symbolic)
+
+    def args_of(ops):
+        xs, ks, _, cts = lay.split(ops)
+        return (call.args(xs), cotangent(cts)), {**call.kwargs(ks), **extra}
+    return _per_arg(call, "vjp", fn, args_of, need, xp, lead, inplace)
+
+
+def bwd(call: Call, fn: Callable, lin, need, xp, lead=(), symbolic: bool = False,
+        inplace: bool = False) -> Callable:
+    """``bwd(residuals, ȳ, **kw)``; ``inplace``: ``bwd(residuals, ȳ, out=∂f(x)ᵀ·ȳ, **kw)``."""
+    extra = {"needs": needs(call, need)} if symbolic else {}
+    lay = Layout("vjp", call)
+    cotangent = cotangent_maker(call, lin, np if inplace else xp, lead, symbolic)
+
+    def args_of(ops):
+        _, ks, rs, cts = lay.split(ops)
+        return (call.res_tree.unflatten(rs), cotangent(cts)), {**call.kwargs(ks), **extra}
+    return _per_arg(call, "bwd", fn, args_of, need, xp, lead, inplace)
+
+
+def _per_arg(call: Call, role: str, fn: Callable, args_of: Callable, need, xp, lead,
+             inplace: bool) -> Callable:
+    """A rule returning one cotangent per positional argument (or writing them)."""
+    if inplace:
+        return form(call, role, fn, args_of, None, cotangent_out(call, need))
     select = selector(need, call.in_avals, xp, lead)
-
-    def run(*ops):
-        xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
-        out = fn(call.args(xs), cotangent(cts), **call.kwargs(ks), **extra)
-        return select(flatten_per_arg(call, "vjp", out))
-    return run
-
-
-def vjp_inplace(call: Call, fn: Callable, lin, need, lead=(), symbolic: bool = False) -> Callable:
-    """vjp(primals, ȳ, out=∂f(x)ᵀ·ȳ)."""
-    n, m = call.n_in, len(call.kw_avals)
-    extra = {"needs": needs(call, need)} if symbolic else {}
-    out_of = cotangent_out(call, need)
-    if simple(call) and all(lin):  # the hot path: x1, x2, ... ↦ one array
-        def run_simple(ins, outs) -> None:
-            check_none(call, "vjp", fn(tuple(ins[:n]), ins[n], out=out_of(outs), **extra))
-        return run_simple
-    cotangent = cotangent_maker(call, lin, np, lead, symbolic)
-
-    def run(ins, outs) -> None:
-        xs, ks, cts = ins[:n], ins[n:n + m], ins[n + m:]
-        check_none(call, "vjp", fn(call.args(xs), cotangent(cts), out=out_of(outs),
-                                    **call.kwargs(ks), **extra))
-    return run
-
-
-def bwd(call: Call, fn: Callable, lin, need, xp, lead=(),
-        symbolic: bool = False) -> Callable[..., list]:
-    n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
-    extra = {"needs": needs(call, need)} if symbolic else {}
-    cotangent = cotangent_maker(call, lin, xp, lead, symbolic)
-    select = selector(need, call.in_avals, xp, lead)
-
-    def run(*ops):
-        ks, rs, cts = ops[n:n + m], ops[n + m:n + m + r], ops[n + m + r:]
-        out = fn(call.res_tree.unflatten(rs), cotangent(cts), **call.kwargs(ks), **extra)
-        return select(flatten_per_arg(call, "bwd", out))
-    return run
-
-
-def bwd_inplace(call: Call, fn: Callable, lin, need, lead=(), symbolic: bool = False) -> Callable:
-    """bwd(residuals, ȳ, out=∂f(x)ᵀ·ȳ)."""
-    n, m, r = call.n_in, len(call.kw_avals), len(call.res_avals)
-    extra = {"needs": needs(call, need)} if symbolic else {}
-    cotangent = cotangent_maker(call, lin, np, lead, symbolic)
-    out_of = cotangent_out(call, need)
-
-    def run(ins, outs) -> None:
-        ks, rs, cts = ins[n:n + m], ins[n + m:n + m + r], ins[n + m + r:]
-        check_none(call, "bwd", fn(call.res_tree.unflatten(rs), cotangent(cts),
-                                    out=out_of(outs), **call.kwargs(ks), **extra))
-    return run
+    return form(call, role, fn, args_of, lambda out: select(flatten_per_arg(call, role, out)))
 
 
 def symmetric_vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
@@ -106,12 +88,12 @@ def symmetric_vjp(call: Call, fn: Callable, lin, need, xp, lead=(),
     are that argument's tangent leaves and the rule's output leaves are its
     cotangent leaves.
     """
-    n, m = call.n_in, len(call.kw_avals)
+    lay = Layout("vjp", call)
     fill = filler(lin, call.out_avals, call.float_out, xp, lead, symbolic)
     select = selector(need, call.in_avals, xp, lead)
 
-    def run(*ops):
-        xs, ks, cts = ops[:n], ops[n:n + m], ops[n + m:]
-        out = fn(call.args(xs), call.args(fill(cts)), **call.kwargs(ks))
-        return select(flatten_outputs(call, "symmetric", out))
-    return run
+    def args_of(ops):
+        xs, ks, _, cts = lay.split(ops)
+        return (call.args(xs), call.args(fill(cts))), call.kwargs(ks)
+    return form(call, "symmetric", fn, args_of,
+                lambda out: select(flatten_outputs(call, "symmetric", out)))
