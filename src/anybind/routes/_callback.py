@@ -30,17 +30,37 @@ from ._host import (Slot, cpu_only, emit, host_callback, kept_views, not_exporte
 TARGET = "xla_buffer_python_cpu_callback"
 
 
+class _ReadOnly:
+    """The base of an input view on this route: a read-only window on the buffer's address.
+
+    It holds nothing of jaxlib's: a ``Buffer`` gives a writable array to anyone
+    who asks (``np.asarray(buffer)``), and NumPy lets a view's WRITEABLE flag be
+    set again only where a base is writable or exports a writable buffer, which
+    this object does not. So no flag host code sets, on a view or on anything it
+    reaches from one, makes the caller's array writable.
+    """
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, interface: dict) -> None:
+        self.__array_interface__ = interface
+
+
+def _read_only(buffer) -> np.ndarray:
+    v = buffer.__array__()
+    interface = v.__array_interface__
+    interface["data"] = (interface["data"][0], True)
+    w = np.asarray(_ReadOnly(interface))
+    return w if w.dtype == v.dtype else w.view(v.dtype)  # ml_dtypes' types travel as void
+
+
 def _in_views(buffers) -> list:
-    """Read-only NumPy views of XLA's input buffers.
+    """Read-only NumPy views of XLA's input buffers, which no flag makes writable.
 
     ``Buffer.__array__()`` is called directly: ``np.asarray(buffer)`` reaches
-    the same method only after probing the other array protocols, which costs
-    ≈ 0.3 µs a buffer, more than the view and the read-only flag together.
+    the same method only after probing the other array protocols.
     """
-    views = [b.__array__() for b in buffers]
-    for v in views:
-        v.setflags(write=False)  # XLA owns these; a host function must not write into them
-    return views
+    return [_read_only(b) for b in buffers]
 
 
 def _held(views: list) -> bool:
@@ -54,8 +74,9 @@ def _held(views: list) -> bool:
 def buffer_callback(guarded: Callable, n_out: int) -> Callable:
     """``guarded`` as XLA's buffer callback: ``callback(exec_ctx, *ins, *outs)`` on Buffers.
 
-    A view's base is a Buffer of jaxlib's own, so every view NumPy derives from
-    it holds the view itself: a view that host code keeps past the call, or one
+    A view's base is not an array (a Buffer of jaxlib's own for an output, a
+    ``_ReadOnly`` window for an input), so every view NumPy derives from it
+    holds the view itself: a view that host code keeps past the call, or one
     derived from it, shows as a reference to the view that the call did not
     give back, and the call fails with an error naming it. A failed call's
     traceback lets go of the views it holds.

@@ -7,10 +7,19 @@
  * ANYBIND_FFI_API_MINOR the FFI API version the handlers declare
  * fail                  an XLA_FFI_Error with a code and a message
  * handshake             the answer to XLA's metadata query at registration
+ * PREAMBLE              what every handler does before its own work: check
+ *                       the call frame, answer the handshake, skip the stages
+ *                       other than execute
+ * utf8_into             text as valid UTF-8 (other bytes as \xNN), so that
+ *                       XLA's message decodes in Python whatever was written
  * ====================  ===================================================
  */
 #ifndef ANYBIND_FFI_H
 #define ANYBIND_FFI_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "xla/ffi/api/c_api.h"
 
@@ -41,6 +50,55 @@ static XLA_FFI_Error *handshake(XLA_FFI_CallFrame *frame) {
   ext->metadata->api_version.minor_version = ANYBIND_FFI_API_MINOR;
   ext->metadata->traits = 0;
   return NULL;
+}
+
+/* The start of every handler: a call frame older than the headers is refused, XLA's
+   metadata query at registration is answered, and every stage but execute is done. */
+#define PREAMBLE(frame)                                                                  \
+  do {                                                                                   \
+    if ((frame)->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE)                            \
+      return fail((frame)->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,                     \
+                  "anybind: XLA's FFI call frame is older than the FFI headers anybind " \
+                  "was built against; reinstall anybind against this jaxlib");           \
+    if ((frame)->extension_start != NULL &&                                              \
+        (frame)->extension_start->type == XLA_FFI_Extension_Metadata)                    \
+      return handshake(frame);                                                           \
+    if ((frame)->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;                   \
+  } while (0)
+
+/* `text` (len bytes, or up to its NUL when len < 0) as UTF-8 into out: valid
+   sequences copied, any other byte (and NUL) as \xNN, so that XLA's message
+   decodes in Python whatever a function wrote. Returns the length written. */
+static size_t utf8_into(char *out, size_t size, const char *text, int64_t len) {
+  const unsigned char *s = (const unsigned char *)text;
+  size_t n = len < 0 ? strlen(text) : (size_t)len, o = 0;
+  for (size_t i = 0; i < n && o + 5 < size;) {
+    unsigned char c = s[i];
+    size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+             : (c & 0xF8) == 0xF0 ? 4 : 0;
+    int ok = k > 0 && i + k <= n && c != 0 && !(k == 2 && c < 0xC2);
+    for (size_t j = 1; ok && j < k; ++j) ok = (s[i + j] & 0xC0) == 0x80;
+    if (ok && k == 3) {
+      unsigned cp = ((c & 0x0Fu) << 12) | ((s[i + 1] & 0x3Fu) << 6);
+      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+    }
+    if (ok && k == 4) {
+      unsigned cp = ((c & 0x07u) << 18) | ((s[i + 1] & 0x3Fu) << 12);
+      ok = cp >= 0x10000 && cp <= 0x10FFFF;
+    }
+    if (ok && o + k < size) {
+      memcpy(out + o, s + i, k);
+      o += k;
+      i += k;
+    } else if (ok) {
+      break;
+    } else {
+      o += (size_t)snprintf(out + o, size - o, "\\x%02x", c);
+      i += 1;
+    }
+  }
+  out[o < size ? o : size - 1] = '\0';
+  return o;
 }
 
 #endif

@@ -19,13 +19,17 @@
  * HostError, or "<what> raised <module>.<type>: <text>" of another exception.
  * The callable's result is ignored.
  *
- * Every view's base is a lease (below). XLA reuses the buffers once the call
+ * Every view's base is a lease (below). An input's lease is read-only all the
+ * way down, so that no flag host code sets makes an input view writable: the
+ * caller's JAX array cannot change. XLA reuses the buffers once the call
  * returns, so a view, or a view derived from one, that host code keeps past
- * the call is caught there: a kept view gets a private copy of its data, and
- * the call fails with a HostError naming the op and the operand (_pyffi._kept).
+ * the call is caught there: a kept view, and every view derived from one that
+ * Python can find (_pyffi.repoint_derived), is pointed at a private copy of its
+ * data, and the call fails with a HostError naming the op and the operand
+ * (_host.kept_views).
  *
- * The registry and the table of NumPy dtypes by XLA dtype code are set from
- * Python (_pyffi.py). The registry holds callables weakly: the compiled
+ * The registry, the table of NumPy dtypes by XLA dtype code and the hooks
+ * (below) are set from Python (_pyffi.py). The registry holds callables weakly: the compiled
  * program holds them, as it holds XLA's own callbacks. Every access to them
  * happens with the GIL held, so the handler is safe to call from many threads at
  * once (XLA runs per-device calls concurrently).
@@ -35,47 +39,60 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-
 #include "_ffi.h"
 
 /* XLA's dims are int64_t, NumPy's npy_intp: the handler passes one as the other. */
 _Static_assert(sizeof(npy_intp) == sizeof(int64_t), "anybind: npy_intp is not 64 bits");
 
 #define N_DTYPES 64
+#define STACK_OPERANDS 16
 #define MSG_SIZE 4096
 
 static PyObject *registry = NULL;             /* dict: int key -> weakref to a callable */
 static PyArray_Descr *dtypes[N_DTYPES] = {0}; /* XLA_FFI_DataType -> NumPy dtype */
 
-/* ------------------------------------------------------------- helpers */
-
 /* ---------------------------------------------------------------- leases
  *
- * Each view's base object is a lease: an empty NumPy array that owns its
- * (empty) data, so that every view NumPy derives from a view collapses its
- * base to the same lease. The views and their derived views thus hold a
+ * Each view's base object is a lease: an empty NumPy array that ends a chain
+ * of bases, so that every view NumPy derives from a view collapses its base to
+ * the same lease. The views and their derived views thus hold a
  * reference to the view itself or to its lease. After the call the handler
  * owns one reference to each view and to each lease; any other means host code
  * kept a view of memory that XLA reuses once the call returns. Leases nobody
- * kept are reused (a free list, under the GIL).
+ * kept are reused (a free list per kind, under the GIL).
+ *
+ * An output's lease owns its (empty) data and is writable. An input's lease is
+ * a read-only array over an empty bytes object: NumPy lets an array's WRITEABLE
+ * flag be set again only where a base is writable or ends in a writable buffer,
+ * and neither the lease nor the bytes is, so setflags(write=True) raises on an
+ * input view, on every view derived from one, and on the lease itself.
  */
 
 #define N_FREE 256
-static PyObject *free_leases[N_FREE];
-static int n_free = 0;
+static PyObject *free_leases[2][N_FREE]; /* [writable] */
+static int n_free[2] = {0, 0};
+static PyObject *empty_bytes = NULL;
 
-static PyObject *take_lease(void) {
-  if (n_free > 0) return free_leases[--n_free];
+static PyObject *take_lease(int writable) {
+  if (n_free[writable] > 0) return free_leases[writable][--n_free[writable]];
   npy_intp zero = 0;
-  return PyArray_SimpleNew(1, &zero, NPY_UINT8);
+  if (writable) return PyArray_SimpleNew(1, &zero, NPY_UINT8);
+  PyObject *a = PyArray_NewFromDescr(&PyArray_Type, PyArray_DescrFromType(NPY_UINT8), 1,
+                                     &zero, NULL, PyBytes_AS_STRING(empty_bytes),
+                                     NPY_ARRAY_CARRAY_RO, NULL);
+  if (a == NULL) return NULL;
+  Py_INCREF(empty_bytes);
+  if (PyArray_SetBaseObject((PyArrayObject *)a, empty_bytes) < 0) {
+    Py_DECREF(a);
+    return NULL;
+  }
+  return a;
 }
 
 static void give_back(PyObject *lease) {
-  if (Py_REFCNT(lease) == 1 && n_free < N_FREE)
-    free_leases[n_free++] = lease;
+  int w = PyArray_ISWRITEABLE((PyArrayObject *)lease) ? 1 : 0;
+  if (Py_REFCNT(lease) == 1 && n_free[w] < N_FREE)
+    free_leases[w][n_free[w]++] = lease;
   else
     Py_DECREF(lease); /* kept by a derived view: it goes when they do */
 }
@@ -107,7 +124,7 @@ static PyObject *views(XLA_FFI_Buffer *const *buffers, int64_t n, int writable,
   PyObject *list = PyList_New((Py_ssize_t)n);
   if (list == NULL) return NULL;
   for (int64_t i = 0; i < n; ++i) {
-    ls[i] = take_lease();
+    ls[i] = take_lease(writable);
     PyObject *a = ls[i] == NULL ? NULL : view(buffers[i], writable, ls[i]);
     if (a == NULL) {
       Py_DECREF(list);
@@ -120,51 +137,23 @@ static PyObject *views(XLA_FFI_Buffer *const *buffers, int64_t n, int writable,
   return list;
 }
 
-/* Points a kept view at a private copy of its data, so that reading it after
-   the call reads what the buffer held, not memory that XLA has reused. */
-static int rebase(PyObject *v) {
-  PyObject *copy = PyArray_NewCopy((PyArrayObject *)v, NPY_CORDER);
-  if (copy == NULL) return -1;
-  PyArrayObject_fields *f = (PyArrayObject_fields *)v;
+/* Points array `a`, whose data lies in the `size` bytes at `start`, at the same
+   place in `copy` (a byte-for-byte copy of them), so that reading it after the
+   call reads what the buffer held, not memory that XLA has reused. 0 when `a`'s
+   data lies elsewhere (nothing changed), 1 when done. */
+static int repoint(PyObject *a, const char *start, npy_intp size, PyObject *copy) {
+  PyArrayObject_fields *f = (PyArrayObject_fields *)a;
+  if (f->data < start || f->data > start + size || (size > 0 && f->data == start + size))
+    return 0;
   PyObject *old = f->base;
-  f->data = PyArray_DATA((PyArrayObject *)copy);
+  f->data = PyArray_BYTES((PyArrayObject *)copy) + (f->data - start);
+  Py_INCREF(copy);
   f->base = copy;
   Py_XDECREF(old);
-  return 0;
+  return 1;
 }
 
 /* ---------------------------------------------------------- messages */
-
-/* `text` as UTF-8 into msg: valid sequences copied, any other byte as \xNN. */
-static void utf8_into(char *msg, size_t size, const char *text, size_t len) {
-  size_t o = 0;
-  const unsigned char *s = (const unsigned char *)text;
-  for (size_t i = 0; i < len && o + 5 < size;) {
-    unsigned char c = s[i];
-    size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-             : (c & 0xF8) == 0xF0 ? 4 : 0;
-    int ok = k > 0 && i + k <= len && !(k == 2 && c < 0xC2);
-    for (size_t j = 1; ok && j < k; ++j) ok = (s[i + j] & 0xC0) == 0x80;
-    if (ok && k == 3) {
-      unsigned cp = ((c & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6);
-      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
-    }
-    if (ok && k == 4) {
-      unsigned cp = ((c & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12);
-      ok = cp >= 0x10000 && cp <= 0x10FFFF;
-    }
-    if (ok && c != 0) {
-      if (o + k >= size) break;
-      memcpy(msg + o, s + i, k);
-      o += k;
-      i += k;
-    } else {
-      o += (size_t)snprintf(msg + o, size - o, "\\x%02x", c);
-      i += 1;
-    }
-  }
-  msg[o < size ? o : size - 1] = '\0';
-}
 
 /* str(obj) as UTF-8 (lone surrogates escaped) into msg; `fallback` if str fails.
    A pending exception stays pending. */
@@ -175,7 +164,7 @@ static void str_into(char *msg, size_t size, PyObject *obj, const char *fallback
   PyObject *bytes = str != NULL ? PyUnicode_AsEncodedString(str, "utf-8", "backslashreplace")
                                 : NULL;
   if (bytes != NULL)
-    utf8_into(msg, size, PyBytes_AS_STRING(bytes), (size_t)PyBytes_GET_SIZE(bytes));
+    utf8_into(msg, size, PyBytes_AS_STRING(bytes), (int64_t)PyBytes_GET_SIZE(bytes));
   else
     snprintf(msg, size, "%s", fallback);
   Py_XDECREF(bytes);
@@ -224,14 +213,24 @@ static void describe_exception(char *msg, size_t size, const char *what) {
  */
 
 static const char *code_name(int64_t code) {
-  static const char *names[] = {
-      [1] = "bool", [2] = "int8", [3] = "int16", [4] = "int32", [5] = "int64",
-      [6] = "uint8", [7] = "uint16", [8] = "uint32", [9] = "uint64", [10] = "float16",
-      [11] = "float32", [12] = "float64", [15] = "complex64", [16] = "bfloat16",
-      [18] = "complex128"};
-  const char *n = code >= 0 && code < (int64_t)(sizeof names / sizeof *names) ? names[code]
-                                                                               : NULL;
-  return n ? n : "another dtype";
+  switch (code) {
+    case XLA_FFI_DataType_PRED: return "bool";
+    case XLA_FFI_DataType_S8: return "int8";
+    case XLA_FFI_DataType_S16: return "int16";
+    case XLA_FFI_DataType_S32: return "int32";
+    case XLA_FFI_DataType_S64: return "int64";
+    case XLA_FFI_DataType_U8: return "uint8";
+    case XLA_FFI_DataType_U16: return "uint16";
+    case XLA_FFI_DataType_U32: return "uint32";
+    case XLA_FFI_DataType_U64: return "uint64";
+    case XLA_FFI_DataType_F16: return "float16";
+    case XLA_FFI_DataType_F32: return "float32";
+    case XLA_FFI_DataType_F64: return "float64";
+    case XLA_FFI_DataType_C64: return "complex64";
+    case XLA_FFI_DataType_BF16: return "bfloat16";
+    case XLA_FFI_DataType_C128: return "complex128";
+    default: return "another dtype";
+  }
 }
 
 static int shape_into(char *out, size_t size, int64_t code, int64_t rank, const int64_t *dims) {
@@ -296,8 +295,9 @@ static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, PyObject *wh
 
 /* -------------------------------------------------------- after the call */
 
-static PyObject *on_kept = NULL;    /* _pyffi._kept(what, inputs, outputs): raises */
-static PyObject *on_failure = NULL; /* _pyffi._release(exc, everything): clears frames */
+static PyObject *on_kept = NULL;    /* _host.kept_views(what, inputs, outputs): raises */
+static PyObject *on_failure = NULL; /* _host.release_frames(exc, everything) */
+static PyObject *on_derived = NULL; /* _pyffi.repoint_derived([(lease, start, size, copy)]) */
 
 static void release_frames(PyObject *exc, int everything) {
   if (on_failure == NULL || exc == NULL) return;
@@ -312,11 +312,40 @@ static int derived_held(PyObject **vs, PyObject **ls, int64_t i) {
   return Py_REFCNT(ls[i]) > 1 + (f->base == ls[i]);
 }
 
-/* Host code left references to views of XLA's buffers. Views kept themselves
-   get a private copy of their data (they stay valid). If the call failed, its
-   exception's frames, which hold views, are released first (anybind's own
-   frames; the user's too where they hold views derived from the buffers), and
-   the exception stands. Otherwise any kept view is an error naming it. */
+/* What settle knows of one operand: whether host code kept its view or a view
+   derived from it, and where a kept one's data was and now is. */
+typedef struct {
+  int kept;
+  const char *start; /* the buffer */
+  npy_intp size;
+  PyObject *copy; /* a private copy of the buffer, or NULL */
+} keeping;
+
+/* Points every view derived from a kept operand's view that Python can find
+   (_pyffi.repoint_derived) at that operand's copy. */
+static void repoint_derived(PyObject **vs, PyObject **ls, keeping *k, int64_t n) {
+  PyObject *list = on_derived != NULL ? PyList_New(0) : NULL;
+  for (int64_t i = 0; list != NULL && i < n; ++i) {
+    if (k[i].copy == NULL || !derived_held(vs, ls, i)) continue;
+    PyObject *t = Py_BuildValue("(OnnO)", ls[i], (Py_ssize_t)(uintptr_t)k[i].start,
+                                (Py_ssize_t)k[i].size, k[i].copy);
+    if (t != NULL) PyList_Append(list, t);
+    Py_XDECREF(t);
+  }
+  if (list != NULL && PyList_GET_SIZE(list) > 0) {
+    PyObject *r = PyObject_CallFunctionObjArgs(on_derived, list, NULL);
+    Py_XDECREF(r);
+  }
+  Py_XDECREF(list);
+  PyErr_Clear();
+}
+
+/* Host code left references to views of XLA's buffers. Every kept view, and
+   every view derived from one that Python can find, is pointed at a private
+   copy of its buffer (they stay valid). If the call failed, its exception's
+   frames, which hold views, are released first (anybind's own frames; the
+   user's too where they hold views derived from the buffers), and the
+   exception stands. Otherwise any kept view is an error naming it. */
 static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObject *what,
                    int failed) {
   PyObject *type = NULL, *value = NULL, *tb = NULL;
@@ -326,29 +355,47 @@ static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObje
     if (value != NULL && tb != NULL) PyException_SetTraceback(value, tb);
     release_frames(value, 0);
   }
-  int any = 0, derived = 0;
+  int derived = 0;
+  for (int64_t i = 0; i < n && !derived; ++i) derived = derived_held(vs, ls, i);
+  if (failed && derived) release_frames(value, 1);
+  keeping stack[STACK_OPERANDS], *k = stack;
+  if (n > STACK_OPERANDS && (k = PyMem_Calloc((size_t)n, sizeof(keeping))) == NULL) {
+    PyErr_Clear();
+    k = stack;
+    n = 0; /* out of memory: nothing is copied (every kept view is still reported) */
+  }
+  int any = 0;
+  derived = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (Py_REFCNT(vs[i]) > 1) {
-      any = 1;
-      if (rebase(vs[i]) < 0) PyErr_Clear();
-    }
-    derived |= derived_held(vs, ls, i);
+    int der = derived_held(vs, ls, i);
+    derived |= der;
+    k[i].kept = Py_REFCNT(vs[i]) > 1 || der;
+    k[i].start = PyArray_BYTES((PyArrayObject *)vs[i]);
+    k[i].size = PyArray_NBYTES((PyArrayObject *)vs[i]);
+    k[i].copy = k[i].kept ? PyArray_NewCopy((PyArrayObject *)vs[i], NPY_CORDER) : NULL;
+    if (k[i].kept && k[i].copy == NULL) PyErr_Clear();
+    any |= k[i].kept;
   }
-  if (failed) {
-    if (derived) release_frames(value, 1);
-    PyErr_Restore(type, value, tb);
-    return;
-  }
-  if (!any && !derived) return;
-  PyObject *ins = PyList_New(0), *outs = PyList_New(0);
-  for (int64_t i = 0; ins != NULL && outs != NULL && i < n; ++i) {
-    int kept = Py_REFCNT(vs[i]) > 1 || derived_held(vs, ls, i);
-    PyObject *index = kept ? PyLong_FromLongLong(i < n_in ? i : i - n_in) : NULL;
+  if (derived) repoint_derived(vs, ls, k, n);
+  for (int64_t i = 0; i < n; ++i)
+    if (k[i].copy != NULL && Py_REFCNT(vs[i]) > 1) repoint(vs[i], k[i].start, k[i].size, k[i].copy);
+  PyObject *ins = failed || !any ? NULL : PyList_New(0);
+  PyObject *outs = failed || !any ? NULL : PyList_New(0);
+  for (int64_t i = 0; i < n; ++i) {
+    Py_XDECREF(k[i].copy);
+    PyObject *index = ins != NULL && outs != NULL && k[i].kept
+                          ? PyLong_FromLongLong(i < n_in ? i : i - n_in) : NULL;
     if (index != NULL) {
       PyList_Append(i < n_in ? ins : outs, index);
       Py_DECREF(index);
     }
   }
+  if (k != stack) PyMem_Free(k);
+  if (failed) {
+    PyErr_Restore(type, value, tb);
+    return;
+  }
+  if (!any) return;
   if (ins != NULL && outs != NULL && on_kept != NULL) {
     PyObject *r = PyObject_CallFunctionObjArgs(on_kept, what, ins, outs, NULL);
     Py_XDECREF(r);
@@ -361,17 +408,8 @@ static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObje
 
 /* -------------------------------------------------------------- handler */
 
-#define STACK_OPERANDS 16
-
 static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
-  if (frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE)
-    return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                "anybind: XLA's FFI call frame is older than the FFI headers anybind was "
-                "built against; reinstall anybind against this jaxlib");
-  if (frame->extension_start != NULL &&
-      frame->extension_start->type == XLA_FFI_Extension_Metadata)
-    return handshake(frame);
-  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
+  PREAMBLE(frame);
 
   const XLA_FFI_Api *api = frame->api;
   int64_t key = -1;
@@ -491,13 +529,27 @@ static PyObject *py_set_registry(PyObject *self, PyObject *dict) {
 }
 
 static PyObject *py_set_hooks(PyObject *self, PyObject *args) {
-  PyObject *kept, *failure;
-  if (!PyArg_ParseTuple(args, "OO", &kept, &failure)) return NULL;
+  PyObject *kept, *failure, *derived;
+  if (!PyArg_ParseTuple(args, "OOO", &kept, &failure, &derived)) return NULL;
   Py_INCREF(kept);
   Py_INCREF(failure);
+  Py_INCREF(derived);
   Py_XSETREF(on_kept, kept);
   Py_XSETREF(on_failure, failure);
+  Py_XSETREF(on_derived, derived);
   Py_RETURN_NONE;
+}
+
+static PyObject *py_repoint(PyObject *self, PyObject *args) {
+  PyObject *a, *copy;
+  Py_ssize_t start, size;
+  if (!PyArg_ParseTuple(args, "O!nnO!", &PyArray_Type, &a, &start, &size, &PyArray_Type,
+                        &copy))
+    return NULL;
+  if (size < 0 || PyArray_NBYTES((PyArrayObject *)copy) != size ||
+      !PyArray_CHKFLAGS((PyArrayObject *)copy, NPY_ARRAY_OWNDATA))
+    return PyErr_Format(PyExc_ValueError, "anybind: repoint needs a copy of the buffer");
+  return PyBool_FromLong(repoint(a, (const char *)(uintptr_t)start, size, copy));
 }
 
 static PyObject *py_set_dtype(PyObject *self, PyObject *args) {
@@ -519,7 +571,12 @@ static PyMethodDef methods[] = {
     {"handler", py_handler, METH_NOARGS, "The FFI handler, as a capsule for XLA."},
     {"set_registry", py_set_registry, METH_O, "The dict of callables by key."},
     {"set_hooks", py_set_hooks, METH_VARARGS,
-     "set_hooks(kept, release): called when host code kept views of XLA's buffers."},
+     "set_hooks(kept, release, derived): called when host code kept views of XLA's "
+     "buffers."},
+    {"repoint", py_repoint, METH_VARARGS,
+     "repoint(array, start, size, copy): point an array whose data lies in the buffer of "
+     "`size` bytes at address `start` at the same place in `copy`, a copy of that buffer; "
+     "whether it did."},
     {"set_dtype", py_set_dtype, METH_VARARGS, "set_dtype(xla_code, dtype)"},
     {"api_version", py_api_version, METH_NOARGS, "The FFI API version built against."},
     {NULL, NULL, 0, NULL}};
@@ -530,5 +587,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "anybind._pycall",
 
 PyMODINIT_FUNC PyInit__pycall(void) {
   import_array();
+  empty_bytes = PyBytes_FromStringAndSize("", 0);
+  if (empty_bytes == NULL) return NULL;
   return PyModule_Create(&module);
 }

@@ -217,44 +217,9 @@ void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 2; }
+int32_t anybind_shim_version(void) { return 3; }
 
 /* ------------------------------------------------------------- helpers */
-
-/* `text` (len bytes, or up to its NUL when len < 0) as UTF-8 into out: valid
-   sequences copied, any other byte (and NUL) as \xNN, so that XLA's message
-   decodes in Python whatever a compiled function wrote. */
-static size_t utf8_into(char *out, size_t size, const char *text, int64_t len) {
-  const unsigned char *s = (const unsigned char *)text;
-  size_t n = len < 0 ? strlen(text) : (size_t)len, o = 0;
-  for (size_t i = 0; i < n && o + 5 < size;) {
-    unsigned char c = s[i];
-    size_t k = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
-             : (c & 0xF8) == 0xF0 ? 4 : 0;
-    int ok = k > 0 && i + k <= n && c != 0 && !(k == 2 && c < 0xC2);
-    for (size_t j = 1; ok && j < k; ++j) ok = (s[i + j] & 0xC0) == 0x80;
-    if (ok && k == 3) {
-      unsigned cp = ((c & 0x0Fu) << 12) | ((s[i + 1] & 0x3Fu) << 6);
-      ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
-    }
-    if (ok && k == 4) {
-      unsigned cp = ((c & 0x07u) << 18) | ((s[i + 1] & 0x3Fu) << 12);
-      ok = cp >= 0x10000 && cp <= 0x10FFFF;
-    }
-    if (ok && o + k < size) {
-      memcpy(out + o, s + i, k);
-      o += k;
-      i += k;
-    } else if (ok) {
-      break;
-    } else {
-      o += (size_t)snprintf(out + o, size - o, "\\x%02x", c);
-      i += 1;
-    }
-  }
-  out[o < size ? o : size - 1] = '\0';
-  return o;
-}
 
 static const char *dtype_name(int32_t code) {
   switch (code) {
@@ -401,14 +366,7 @@ static int64_t unwritten(const void *data, int32_t t, int64_t rank, const int64_
 /* -------------------------------------------------------------- handler */
 
 XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
-  if (frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE)
-    return fail(frame->api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                "anybind: XLA's FFI call frame is older than the FFI headers anybind was "
-                "built against; reinstall anybind against this jaxlib");
-  if (frame->extension_start != NULL &&
-      frame->extension_start->type == XLA_FFI_Extension_Metadata)
-    return handshake(frame);
-  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
+  PREAMBLE(frame);
 
   const XLA_FFI_Api *api = frame->api;
   uint64_t key = 0;
