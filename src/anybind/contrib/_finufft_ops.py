@@ -41,8 +41,10 @@ def _best_double(ndim: int, sigma_min: float, sigma_max: float) -> float:
 
 
 def _level(where: str, opts, nufft_type: int, ndim: int, eps: float, iflag: int) -> dict:
-    kw = ducc0_keywords(unpack_opts(opts, nufft_type, True), where)
-    best = _best_double(ndim, kw.get("sigma_min", 1.19), kw.get("sigma_max", 2.51))
+    # every keyword explicit, so that one level's never leaks into the next (``reverse``)
+    kw = dict(sigma_min=1.19, sigma_max=2.51, verbosity=0)
+    kw.update(ducc0_keywords(unpack_opts(opts, nufft_type, True), where))
+    best = _best_double(ndim, kw["sigma_min"], kw["sigma_max"])
     kw.update(forward=iflag < 0, epsilon=max(float(eps), 1.01 * best))
     if nufft_type == 3:
         kw.pop("fft_order")  # no grid
