@@ -1,6 +1,6 @@
 """The individual checks of ``ab.check``, in the order they run.
 
-Each check takes the shared ``Context`` (``_check.py``) and records rows or
+Each check takes the shared ``Context`` (``check._checks``) and records rows or
 raises ``RuleError`` through it. A check that needs a rule the op lacks
 raises ``MissingRuleError`` from JAX's transformation and is reported as
 skipped; a check that does not apply to the op (linearity of a nonlinear

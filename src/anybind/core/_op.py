@@ -110,7 +110,7 @@ class CoreOp:
         self.has_side_effect = bool(o.has_side_effect)
         self.examples = o.examples
         self._calls: dict = {}
-        self._version = 0
+        self._rules_version = 0
         self._lock = threading.Lock()
         self._host_errors: dict = {}  # see core._errors.remember_host_error
         self._state: dict = {}
@@ -185,7 +185,7 @@ class CoreOp:
     @property
     def version(self) -> int:
         """How many times a rule was set on this op."""
-        return self._version
+        return self._rules_version
 
     def primitive(self, role: str) -> _jax.Primitive:
         """The op's primitive for ``role`` (``"primal"``, ``"jvp"``, ``"vjp"``, …)."""
@@ -250,7 +250,7 @@ class CoreOp:
                 else:
                     self.transpose_rules[argnum] = made
                 used = bool(self._calls)
-                self._version += 1
+                self._rules_version += 1
                 self._calls.clear()
                 self._state.clear()
             if used:  # every program traced with the old rule is traced again at its next call

@@ -128,7 +128,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                      inplace: bool = False, xp=np) -> Callable:
     """Returns ``runner(inputs, outputs)`` that fills the output arrays in place.
 
-    ``xp``: the module of the arrays (NumPy; CuPy for device code, see ``_gpu``).
+    ``xp``: the module of the arrays (NumPy; CuPy for device code, see ``routes._gpu_device``).
     """
     if inplace:  # the user's function writes into XLA's output buffers itself
         runner = _inplace_runner(call, make_run, batch, mode)
@@ -257,7 +257,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
     """``guarded(ins, outs)``: runs ``runner`` on arrays, keeps a failure's HostError.
 
     ``ins`` are read-only views of XLA's input buffers (copies in debug mode);
-    ``device``: they are device arrays already (``_gpu``), used as they are.
+    ``device``: they are device arrays already (``routes._gpu_device``), used as they are.
     ``guarded.what`` says what it runs ("anybind op 'f': the jvp rule").
     """
     op_name, op = call.op.name, call.op

@@ -282,7 +282,7 @@ def check_traced_outputs(call: Call, role: str, outs: Sequence[Any], avals: Sequ
                          names: Sequence[str]) -> list:
     """Trace-time check of a traced rule's outputs against the expected avals.
 
-    Accepts what a host rule's outputs may be (see ``_hostcall``): values of
+    Accepts what a host rule's outputs may be (see ``routes._host``): values of
     the expected shape and dtype, and Python numbers that the dtype holds
     exactly; and, as JAX's type promotion would, weakly typed values (the
     results of Python-number arithmetic) of the expected shape whose dtype
