@@ -66,7 +66,8 @@ class BuildHandlers(build_ext):
 
 
 setup(cmdclass={"build_ext": BuildHandlers}, ext_modules=[
-    Extension("anybind.routes._shim", sources=["src/anybind/routes/_shim.c"], include_dirs=[_include_dir()],
+    Extension("anybind.routes._shim", sources=["src/anybind/routes/_shim.c"],
+              include_dirs=[_include_dir()],
               depends=["src/anybind/routes/_ffi.h"],
               extra_compile_args=["-O2"], optional=True),
     Extension("anybind.routes._pycall", sources=["src/anybind/routes/_pycall.c"],

@@ -26,7 +26,6 @@ import platform
 import re
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 CORE = ("jax", "jaxlib", "numpy")
@@ -88,7 +87,8 @@ def satisfies(version: str, spec: str) -> bool:
     """
     m = _REQUIREMENT.match(spec)
     for clause in filter(None, (c.strip() for c in (m.group(3) if m else "").split(","))):
-        op, want = re.match(r"([<>=!~]*)\s*(.*)", clause).groups()
+        parts = re.match(r"([<>=!~]*)\s*(.*)", clause)
+        op, want = parts.groups() if parts else ("", clause)
         prefix = want.endswith(".*")
         w, h = _release(want.removesuffix(".*")), _release(version)
         if prefix:
@@ -150,8 +150,9 @@ def compiled_shim() -> dict:
     elif cc is not None and header.exists():
         out["note"] = f"buildable at first use with {cc}, into the shim cache"
     elif cc is None:
-        out["note"] = ("no C compiler ($CC, cc, gcc, clang) to build it at first use: binding a compiled function fails (unless the shim cache "
-                       "holds a build); Python host code works")
+        out["note"] = ("no C compiler ($CC, cc, gcc, clang) to build it at first use: binding "
+                       "a compiled function fails (unless the shim cache holds a build); "
+                       "Python host code works")
     else:
         out["note"] = f"XLA's FFI header is missing ({header}): it cannot be built"
     return out
@@ -204,9 +205,11 @@ def gather() -> dict:
     core, extras = requirements()
     optional = sorted({_name(s) for extra, specs in extras.items() if extra not in TOOLING
                        for s in specs} - set(CORE))
-    window = [{"requirement": s, "installed": _version(_name(s)),
-               "ok": _version(_name(s)) is not None and satisfies(_version(_name(s)), s)}
-              for s in core]
+    window = []
+    for spec in core:
+        have = _version(_name(spec))
+        window.append({"requirement": spec, "installed": have,
+                       "ok": have is not None and satisfies(have, spec)})
     return {
         "versions": {"anybind": anybind.__version__,
                      "python": f"{platform.python_implementation()} {platform.python_version()}",

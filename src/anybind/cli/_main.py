@@ -146,6 +146,7 @@ def find_ops(target: str) -> list:
 
 def check_command(args) -> int:
     import jax
+
     from ..check import RuleError, check
     if args.x64:
         jax.config.update("jax_enable_x64", True)
