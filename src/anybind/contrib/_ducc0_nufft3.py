@@ -63,6 +63,10 @@ def _nu2nu_fn(values, coord_in, coord_out, *, out, **kw) -> None:
 
 
 def _nu2nu_spec(values, coord_in, coord_out, **_):
+    if not hasattr(getattr(ducc0.nufft, "experimental", None), "nu2nu"):
+        raise NotImplementedError(f"anybind op 'nu2nu' needs ducc0.nufft.experimental.nu2nu, "
+                                  f"which ducc0 {ducc0.__version__} lacks; upgrade ducc0 "
+                                  f"(0.42 has it)")
     _check(values, coord_in, coord_out)
     return jax.ShapeDtypeStruct(values.shape[:-1] + coord_out.shape[:1], values.dtype)
 
