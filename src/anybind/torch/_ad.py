@@ -27,17 +27,23 @@ unless it has a vmap rule: then it is a node, whose derivatives are torch's.)
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.autograd.forward_ad as fwAD
-from torch._functorch import eager_transforms as _eager
 
 from ..core._errors import MissingRuleError
 from ..core._spec import Batch, Call
-from ..core.roles import missing_rule_message, uses_residuals
-from ..core.roles import _jvp, _primal, _transpose as _transposes, _vjp
-from ._front import TXP, Node, _is_legacy_batched, apply, check_outputs, torch_dtype, traced
+from ..core.roles import (
+    _jvp,
+    _primal,
+    _transpose as _transposes,
+    _vjp,
+    missing_rule_message,
+    uses_residuals,
+)
+from . import _torch
+from ._front import TXP, Node, apply, check_outputs, torch_dtype, traced
 
 
 def _conj(t):
@@ -88,8 +94,8 @@ def _transpose_of(f, avals, cts) -> list:
 def _jvp_of(f, primals, ts) -> list:
     """∂f(x)·ẋ by torch's forward AD: torch.func.jvp, or under plain forward AD
     (dual tensors), where torch.func.jvp cannot open a level, duals at its level."""
-    level = fwAD._current_level
-    if level < 0 or _eager.JVP_NESTING > 0:  # (torch.func.jvp's own count of its levels)
+    level = _torch.dual_level()
+    if level < 0 or _torch.jvp_nesting() > 0:  # (torch.func.jvp's own count of its levels)
         return list(torch.func.jvp(lambda *v: tuple(f(*v)), tuple(primals), tuple(ts))[1])
     outs = f(*[fwAD.make_dual(p, t, level=level) for p, t in zip(primals, ts)])
     tans = [fwAD.unpack_dual(o, level=level).tangent for o in outs]
@@ -350,7 +356,7 @@ def _squeezed(ops, mask):
 
 def _batched_cotangents(node: Node, ops, outs, cts, needs) -> list:
     """vmap of the unbatched node's cotangents; unbatched operands' ones summed."""
-    mask, size = node.batch.mask, node.batch.size
+    mask = node.batch.mask
     unb = node.derived(node.role, None, node.lin, node.need)
     wanted = [i for i, k in enumerate(needs) if k]
     given = [j for j, c in enumerate(cts) if c is not None]
@@ -437,12 +443,12 @@ def legacy_batch(node: Node, ops: list) -> list:
     gradcheck's ``check_batched_grad`` and ``check_batched_forward_grad`` use): ``batch``
     on the physical tensors of the innermost level that batches an operand, as
     ``_Fn.vmap`` does under torch.vmap, so that host code never sees a BatchedTensor."""
-    top = torch._C._vmapmode_increment_nesting() - 1  # the current nesting
-    torch._C._vmapmode_decrement_nesting()
+    top = _torch.vmapmode_increment() - 1  # the current nesting
+    _torch.vmapmode_decrement()
     for level in range(top, 0, -1):
-        # torch._remove_batch_dim moves a batched operand's axis to 0, and expands
+        # remove_batch_dim moves a batched operand's axis to 0, and expands
         # another to the batch size it is given: 0 tells them apart
-        phys = [torch._remove_batch_dim(t, level, 0, 0) if _is_legacy_batched(t)
+        phys = [_torch.remove_batch_dim(t, level, 0, 0) if _torch.is_legacy_batched(t)
                 else t.unsqueeze(0)[:0] for t in ops]
         in_dims = [0 if p.shape[0] else None for p in phys]
         if any(d is not None for d in in_dims):
@@ -453,5 +459,5 @@ def legacy_batch(node: Node, ops: list) -> list:
     size = next(p.shape[0] for p, d in zip(phys, in_dims) if d is not None)
     outs, out_dims = batch(node, size, in_dims,
                            [p if d is not None else t for p, d, t in zip(phys, in_dims, ops)])
-    return [o if d is None else torch._add_batch_dim(o, d, level)
+    return [o if d is None else _torch.add_batch_dim(o, d, level)
             for o, d in zip(outs, out_dims)]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -39,10 +39,10 @@ from jax import tree_util
 
 from .. import _api
 from ..core import _closures, _sharding
-from ..core._op import core_of
 from ..core._jax import ShapedArray
+from ..core._op import core_of
 from ..core._spec import infer_outputs
-from . import _jax_engine, _torch_engine
+from . import _jax_engine, _torch, _torch_engine
 from ._front import TorchOp
 
 
@@ -76,7 +76,7 @@ class Bridge:
 
 
 # each bridge op's Bridge, kept as long as the op lives
-BRIDGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 # ----------------------------------------------------------------- public API
@@ -273,9 +273,8 @@ class FakeSpec:
         return "(inferred with torch's fake tensors)"
 
     def __call__(self, *args, **kw):
-        from torch._subclasses.fake_tensor import FakeTensorMode
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True):
+            with _torch.FakeTensorMode(allow_non_fake_inputs=True):
                 a, k = tree_util.tree_map(
                     lambda s: torch.empty(s.shape, dtype=_torch_dtype(s.dtype))
                     if isinstance(s, jax.ShapeDtypeStruct) else s, (args, kw))

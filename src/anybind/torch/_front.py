@@ -33,31 +33,37 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import re
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from jax import tree_util
-from torch._functorch import pyfunctorch as _pyfunctorch
-from torch._subclasses.fake_tensor import is_fake as _is_fake
-from torch.autograd.forward_ad import _set_fwd_grad_enabled
+
 from ..core import _batching, _frontends
 from ..core._batching import declared_out_batched
 from ..core._code import is_compiled
 from ..core._errors import HostError, MissingRuleError
 from ..core._jax import ShapedArray
 from ..core._spec import Batch, Call, split_kwargs
-from ..core.roles import (Layout, make_run, missing_rule_message, out_avals, out_names, role_name,
-                          rule_of, uses_residuals)
-from ..core.roles import _primal
+from ..core.roles import (
+    Layout,
+    _primal,
+    make_run,
+    missing_rule_message,
+    out_avals,
+    out_names,
+    role_name,
+    rule_of,
+    uses_residuals,
+)
 from ..core.roles._primal import call_vmap_rule
 from ..routes import _host
+from . import _torch
 
 # ----------------------------------------------------------------- dtypes
 
@@ -87,7 +93,7 @@ def torch_dtype(op_name: str, dtype) -> torch.dtype:
 
 
 class _TorchXP:
-    """The array namespace ``_impls`` makes zeros with, for rules run on torch tensors."""
+    """The array namespace ``_ad`` makes zeros with, for rules run on torch tensors."""
 
     @staticmethod
     def zeros(shape, dtype):
@@ -99,7 +105,7 @@ TXP = _TorchXP()
 
 # ------------------------------------------------------------------ nodes
 
-_NODES: "weakref.WeakValueDictionary[int, Node]" = weakref.WeakValueDictionary()
+_NODES: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
 _NEXT_ID = iter(range(1, 1 << 62))
 _ID_LOCK = threading.Lock()
 
@@ -107,7 +113,7 @@ _ID_LOCK = threading.Lock()
 class Node:
     """One primitive application of an op on torch tensors (see the module table)."""
 
-    def __init__(self, front: "TorchOp", role: str, call: Call, batch: Batch | None,
+    def __init__(self, front: TorchOp, role: str, call: Call, batch: Batch | None,
                  lin=None, need=None):
         self.front, self.role, self.call, self.batch = front, role, call, batch
         self.lin, self.need = lin, need
@@ -153,7 +159,7 @@ class Node:
             lay = self._layouts[n_ops] = Layout(self.role, self.call, n_ops)
         return lay
 
-    def derived(self, role: str, batch: Batch | None = None, lin=None, need=None) -> "Node":
+    def derived(self, role: str, batch: Batch | None = None, lin=None, need=None) -> Node:
         return self.front.node(role, self.call, batch, lin, need)
 
     @property
@@ -331,7 +337,7 @@ def _np_view(t: torch.Tensor) -> np.ndarray:
     """A read-only NumPy view of a CPU tensor (a copy only for other devices)."""
     if t.requires_grad:
         t = t.detach()
-    if t._is_zerotensor():  # forward AD's symbolic zeros (a tangent nobody set) have no data
+    if _torch.is_zerotensor(t):  # forward AD's symbolic zeros (a tangent nobody set) have no data
         v = np.zeros(tuple(t.shape), _TORCH_TO_NP[t.dtype])
         v.flags.writeable = False
         return v
@@ -359,7 +365,7 @@ def vmapped(fn: Callable[..., list], mask: Sequence[bool], size: int) -> Callabl
 
 def tracking(ops: Sequence[torch.Tensor]) -> bool:
     """Whether any transform or autograd would see this application."""
-    if torch._C._are_functorch_transforms_active() or torch.autograd.forward_ad._current_level >= 0:
+    if _torch.transforms_active() or _torch.dual_level() >= 0:
         return True
     if torch.is_grad_enabled():
         for t in ops:
@@ -378,7 +384,7 @@ def apply(node: Node, ops: Sequence[torch.Tensor]) -> list:
 def _symbolic(ops) -> bool:
     """Whether the tensors are fake ones (torch.compile tracing): no data to compute on."""
     for t in ops:
-        if type(t) not in _PLAIN and _is_fake(t):
+        if type(t) not in _PLAIN and _torch.is_fake(t):
             return True
     return False
 
@@ -400,12 +406,12 @@ class _Fn(torch.autograd.Function):
     def apply(cls, *args):
         # torch's apply binds the arguments with inspect.signature on every call (about
         # a third of a small call); without functorch transforms nothing needs that
-        if torch._C._are_functorch_transforms_active():
+        if _torch.transforms_active():
             return super().apply(*args)
         for a in args:
             if type(a) is not Node and _is_wrapped(a):  # a dead torch.func wrapper
                 return super().apply(*args)
-        return super(torch.autograd.Function, cls).apply(*args)
+        return _torch.function_apply(cls, *args)
 
     @staticmethod
     def forward(node: Node, *ops):
@@ -419,8 +425,7 @@ class _Fn(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.mark_non_differentiable(*[o for o, f in zip(output, node.float_out) if not f])
         ctx.save_for_backward(*ops, *output)
-        if torch._C._are_functorch_transforms_active() or \
-                torch.autograd.forward_ad._current_level >= 0:
+        if _torch.transforms_active() or _torch.dual_level() >= 0:
             ctx.save_for_forward(*ops, *output)
         ctx.n_ops = len(ops)
 
@@ -444,7 +449,7 @@ class _Fn(torch.autograd.Function):
         # torch runs jvp staticmethods with forward AD off at every level, so an outer
         # jvp (forward over forward) would silently see zeros; the unwrapped primals
         # carry no tangent of this level, so turning it back on is exact.
-        with _set_fwd_grad_enabled(True):
+        with _torch.set_fwd_grad_enabled(True):
             from ._ad import forward  # (imports this module)
             return tuple(forward(node, list(ops), list(outs), list(tangents)))
 
@@ -454,10 +459,9 @@ class _Fn(torch.autograd.Function):
         return batch(node, info.batch_size, in_dims[1:], list(ops))
 
 
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-# a BatchedTensor of torch's older vmap, torch._vmap_internals (gradcheck's batched checks)
-_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
-_is_alias_of = torch._C._is_alias_of  # shares storage (False where a tensor has none)
+_is_wrapped = _torch.is_wrapped
+_is_legacy_batched = _torch.is_legacy_batched  # gradcheck's batched checks
+_is_alias_of = _torch.is_alias_of
 
 
 def _fresh(outs: list, ops) -> list:
@@ -489,7 +493,7 @@ def _engine_needs(ctx, needs) -> list:
     for i, (fn, _) in enumerate(ctx.next_functions):
         if out[i] and fn is not None:
             try:
-                out[i] = bool(torch._C._will_engine_execute_node(fn))
+                out[i] = bool(_torch.will_engine_execute(fn))
             except RuntimeError:
                 pass
     return out
@@ -504,20 +508,19 @@ def _unwrapped(ts):
     inside a nested transform (a transposition), or calling an op on them again
     (a traced rule calling its own op) would ask for those tangents again.
     """
-    level = torch._C._functorch.maybe_current_level()
+    level = _torch.current_level()
     if level is not None:
-        if _pyfunctorch.retrieve_current_functorch_interpreter().key() != \
-                torch._C._functorch.TransformType.Jvp:
+        if _torch.current_interpreter().key() != _torch.JVP:
             return list(ts)
-        return [t if t is None or torch._C._functorch.maybe_get_level(t) != level
-                else torch._C._functorch._unwrap_for_grad(t, level) for t in ts]
-    dual = torch.autograd.forward_ad._current_level
+        return [t if t is None or _torch.level_of(t) != level
+                else _torch.unwrap_for_grad(t, level) for t in ts]
+    dual = _torch.dual_level()
     if dual < 0:
         return list(ts)
     # (a BatchedTensor of torch._vmap_internals, gradcheck's batched tangent, has no
     # tangent of its own and cannot be unpacked)
     return [t if t is None or _is_legacy_batched(t) else
-            torch._VF._unpack_dual(t, level=dual)[0] for t in ts]
+            _torch.unpack_dual_at(t, level=dual)[0] for t in ts]
 
 
 # --------------------------------------------------------------- torch.compile
@@ -681,57 +684,14 @@ _compiled_call = _opaque_call  # marked opaque to dynamo (nonstrict_trace) once 
 
 def _mark_opaque() -> None:
     global _compiled_call
-    _compiled_call = torch._dynamo.nonstrict_trace(_opaque_call)
+    _compiled_call = _torch.nonstrict_trace(_opaque_call)
 
 
 def _compiled_entry(op, *args, **kwargs):
     return _compiled_call(id(op), args, kwargs)
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``then()`` right after module ``name`` is first imported, by wrapping its loader.
-
-    Importing ``torch._dynamo`` takes seconds, and only ``torch.compile`` needs it
-    (and imports it): the front end marks its entry for dynamo then, not when it
-    is itself imported.
-    """
-
-    def __init__(self, name: str, then: Callable[[], None]):
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenLoader(spec.loader, self.then)
-        return spec
-
-
-class _ThenLoader(importlib.abc.Loader):
-    def __init__(self, inner, then: Callable[[], None]):
-        self.inner, self.then = inner, then
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.inner.exec_module(module)
-        self.then()
-
-    def __getattr__(self, name: str):  # get_source and the rest: the wrapped loader's
-        return getattr(self.inner, name)
-
-
-def _after_import(name: str, then: Callable[[], None]) -> None:
-    if name in sys.modules:
-        then()
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, then))
-
-
-_after_import("torch._dynamo", _mark_opaque)
+_torch.after_import("torch._dynamo", _mark_opaque)
 
 
 def torch_op(op):

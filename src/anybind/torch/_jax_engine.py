@@ -16,7 +16,7 @@ piece            what it does
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np

@@ -29,7 +29,7 @@ leaves.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -38,6 +38,7 @@ from jax import tree_util
 from torch.autograd import forward_ad
 
 from ..core._errors import HostError
+from . import _torch
 
 # ----------------------------------------------------------- arrays across
 
@@ -51,10 +52,10 @@ def _view_reader() -> Callable[[np.ndarray], torch.Tensor]:
     probe = np.zeros(1)
     probe.flags.writeable = False
     try:
-        torch._C._from_dlpack(probe.__dlpack__(max_version=(1, 0)))
+        _torch.from_dlpack_capsule(probe.__dlpack__(max_version=(1, 0)))
     except Exception:  # noqa: BLE001  (an older torch or NumPy)
         return torch.from_dlpack
-    read = torch._C._from_dlpack
+    read = _torch.from_dlpack_capsule
     return lambda a: read(a.__dlpack__(max_version=(1, 0)))
 
 
@@ -173,7 +174,7 @@ def _collect(ts: list, convert: Callable, kinds) -> Callable:
 
 def _untouched(name: str, ts) -> None:
     for i, t in enumerate(ts):
-        if t._version:
+        if _torch.version_of(t):
             raise HostError(
                 f"anybind op '{name}': the torch function wrote into its input leaf {i} "
                 f"({tuple(t.shape)}, {t.dtype}) in place; its inputs are XLA's buffers, which "
@@ -208,8 +209,8 @@ def _plain(fn, ts) -> bool:
     XLA), and ``fn`` is first-order user code. Under a transform (the call is itself
     being differentiated), or for a derivative of a derivative, torch.func composes."""
     return not (getattr(fn, _DERIVED, False)
-                or torch._C._are_functorch_transforms_active()
-                or forward_ad._current_level >= 0
+                or _torch.transforms_active()
+                or _torch.dual_level() >= 0
                 or any(t.requires_grad for t in ts))
 
 

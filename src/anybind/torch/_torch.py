@@ -1,0 +1,137 @@
+"""The one seam between anybind and torch's non-public API.
+
+Every private torch symbol the front end and the bridges use (``torch._C``,
+``torch._functorch``, ``torch._subclasses``, ``torch._dynamo``, ``torch._VF``,
+the underscored names of ``torch.autograd.forward_ad`` and of ``Tensor``) is
+named here and nowhere else, one line per symbol, saying what it is for and
+since which torch release it has the form used. A torch upgrade touches this
+file. The supported torch is what CI tests (``pyproject.toml``'s ``torch``
+extra); the releases named below are where each form first appeared.
+
+Imports are explicit. ``torch._dynamo`` is the one module not imported here
+(importing it takes seconds, and only ``torch.compile`` needs it):
+``after_import`` runs a function once it has been imported (see there for why
+that takes an import hook).
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.autograd.forward_ad as _forward_ad
+from torch._functorch import eager_transforms as _eager, pyfunctorch as _pyfunctorch
+from torch._subclasses import fake_tensor as _fake_tensor
+
+_C = torch._C
+_F = torch._C._functorch
+
+# --------------------------------------------------------------- transforms
+transforms_active = _C._are_functorch_transforms_active  # a torch.func transform runs (2.1)
+current_level = _F.maybe_current_level                   # innermost torch.func level (2.0)
+level_of = _F.maybe_get_level                            # a wrapped tensor's level (2.0)
+unwrap_for_grad = _F._unwrap_for_grad                    # a tensor less one level's wrapper (2.0)
+is_wrapped = _F.is_functorch_wrapped_tensor              # a torch.func wrapper, live or dead (2.0)
+JVP = _F.TransformType.Jvp                               # the key of a jvp interpreter (2.1)
+current_interpreter = _pyfunctorch.retrieve_current_functorch_interpreter  # its key() (2.1)
+
+
+def jvp_nesting() -> int:
+    """How many ``torch.func.jvp`` levels are open (``eager_transforms.JVP_NESTING``, 2.0)."""
+    return _eager.JVP_NESTING
+
+
+# -------------------------------------------------------------- forward AD
+set_fwd_grad_enabled = _forward_ad._set_fwd_grad_enabled  # forward AD on in a jvp rule (2.0)
+unpack_dual_at = torch._VF._unpack_dual                   # a dual's primal at a given level (1.8)
+
+
+def dual_level() -> int:
+    """The open ``forward_ad.dual_level``, -1 if none (``forward_ad._current_level``, 1.9)."""
+    return _forward_ad._current_level
+
+
+# ------------------------------------------------------------------ autograd
+will_engine_execute = _C._will_engine_execute_node  # whether backward runs a node (1.13)
+
+
+def function_apply(cls, *args):
+    """``autograd.Function.apply`` without its per-call ``inspect.signature`` binding
+    (``_C._FunctionBase.apply``, the base it delegates to; 2.0), for calls that no
+    torch.func transform sees."""
+    return super(torch.autograd.Function, cls).apply(*args)
+
+
+# ----------------------------------------------------------- older vmap (legacy)
+is_legacy_batched = _F.is_legacy_batchedtensor   # a BatchedTensor of torch._vmap_internals (2.0)
+vmapmode_increment = _C._vmapmode_increment_nesting  # its nesting, +1; returns the new (1.7)
+vmapmode_decrement = _C._vmapmode_decrement_nesting  # its nesting, -1 (1.7)
+remove_batch_dim = torch._remove_batch_dim       # physical tensor of a level (1.7)
+add_batch_dim = torch._add_batch_dim             # a BatchedTensor at a level (1.7)
+
+# ----------------------------------------------------------------- tensors
+is_alias_of = _C._is_alias_of                       # shares storage, False if none (1.0)
+is_zerotensor = torch.Tensor._is_zerotensor          # forward AD's data-less zeros (1.10)
+version_of = torch.Tensor._version.__get__           # a tensor's in-place write counter (1.0)
+from_dlpack_capsule = _C._from_dlpack                # a DLPack capsule, unchecked (1.10)
+
+# -------------------------------------------------------------- fake tensors
+FakeTensorMode = _fake_tensor.FakeTensorMode  # tensors with shapes and no data (2.0)
+is_fake = _fake_tensor.is_fake                # a fake tensor, under torch.compile (2.0)
+
+
+# --------------------------------------------------------------------- dynamo
+
+def nonstrict_trace(fn: Callable) -> Callable:
+    """``fn`` opaque to dynamo, traced by AOTAutograd (``torch._dynamo.nonstrict_trace``,
+    2.7); imports ``torch._dynamo``."""
+    import torch._dynamo
+    return torch._dynamo.nonstrict_trace(fn)
+
+
+def after_import(name: str, then: Callable[[], None]) -> None:
+    """Run ``then()`` once module ``name`` is imported: now, or right after its import.
+
+    Why a hook: marking a function opaque to dynamo needs ``torch._dynamo``,
+    which takes seconds to import and which only ``torch.compile`` imports. No
+    code of ours runs between that import and dynamo tracing our entry point
+    (tracing reads the entry as it then is), so the mark must be made by the
+    import itself. The hook is one finder, removed at its first match.
+    """
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, then))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Wraps the loader of module ``name`` so that ``then()`` runs after it executes."""
+
+    def __init__(self, name: str, then: Callable[[], None]):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    def __init__(self, inner, then: Callable[[], None]):
+        self.inner, self.then = inner, then
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        self.then()
+
+    def __getattr__(self, name: str):  # get_source and the rest: the wrapped loader's
+        return getattr(self.inner, name)
