@@ -16,7 +16,7 @@ package         what it holds (imports run down this table, never up)
 ==============  ====================================================================
 """
 import os as _os
-from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
 from ._api import Op, bind
 from .check import RuleError, check
@@ -39,7 +39,7 @@ if _TYPE_CHECKING:  # what type checkers and the API reference see
     from .torch._bridges import from_torch, to_torch
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     if name in _LAZY:
         try:
             from .torch import _bridges

@@ -6,7 +6,8 @@ docstrings, and how the op pickles.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, overload
+from collections.abc import Callable
+from typing import Any, overload
 
 from . import routes  # noqa: F401  (registers the routes of host, compiled and device code)
 from .core._op import CoreOp, Handle, Options, RuleVmap, VmapMode
@@ -45,7 +46,7 @@ class Op(Handle):
     def __deepcopy__(self, memo: dict) -> Op:
         return self
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         """Pickled as how it was made: ``bind``'s arguments, then each ``def_*`` call, so
         an op pickles wherever its function, rules and spec do."""
         fn, options, defs = self._made
@@ -206,7 +207,7 @@ class Op(Handle):
             symbolic_zeros=symbolic_zeros, input_shapes=input_shapes, vmap=vmap,
             argnum=argnum, out=out, device=device, host=host))
 
-    def def_fwd(self, rule: Callable | None = None, *, residuals, vmap: RuleVmap = None,
+    def def_fwd(self, rule: Callable | None = None, *, residuals: Any, vmap: RuleVmap = None,
                 device: bool = False, host: Callable | None = None) -> Any:
         """Set a forward pass ``fwd(*args, **kw) -> (out, residuals)`` for reverse mode.
 
@@ -256,7 +257,7 @@ class Op(Handle):
             host=host))
 
     def def_vmap(self, rule: Callable | None = None, *, traced: bool = False,
-                 out: bool = False, out_batched=None, device: bool = False,
+                 out: bool = False, out_batched: Any = None, device: bool = False,
                  host: Callable | None = None) -> Any:
         """Set the batching rule ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)``.
 

@@ -11,12 +11,12 @@ unbatched one, so ``vmap`` never removes a custom rule.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from . import _jax
 from ._spec import Batch, InBatched
@@ -84,7 +84,7 @@ def batch_rule(prim, role, code, axis_data, args, dims, *, batch: Batch | None, 
     old = None if batch is None else batch.size
     before = (False,) * len(args) if batch is None else batch.mask
     merged = [_merge(a, d, b, size, old) for a, d, b in zip(args, dims, before)]
-    axes = ((name, size),) + ((() if batch is None else batch.axes or ((None, old),)))
+    axes = ((name, size),) + (() if batch is None else batch.axes or ((None, old),))
     new = Batch(size if old is None else size * old, tuple(m for _, m in merged),
                 axes if any(n is not None for n, _ in axes) else ())
     outs = prim.bind(*[a for a, _ in merged], batch=new, **params)

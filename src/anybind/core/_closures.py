@@ -46,7 +46,8 @@ import dataclasses
 import functools
 import threading
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +55,8 @@ import numpy as np
 
 from . import _jax
 from ._code import is_compiled
-from .roles import ROLE_NAMES, traced_run, uses_residuals
 from ._spec import Call, Rule, fmt_aval, to_aval
+from .roles import ROLE_NAMES, traced_run, uses_residuals
 
 
 def under_trace() -> bool:
@@ -135,7 +136,9 @@ def convert(call: Call) -> Call:
 
 
 def _convert(call: Call, active: dict) -> Call:
-    jaxprs, closed, index = {}, [], {}
+    jaxprs: dict = {}
+    closed: list = []
+    index: dict = {}
     for role in _pieces(call):
         lin, need, avals = _full(role, call)
         rule = Rule(call.op.fn, True) if role == "primal" else getattr(call.op, f"{role}_rule")

@@ -14,7 +14,7 @@ def compiled_kind(fn) -> str | None:
     t = type(fn)
     if t.__name__ == "CFunc" and t.__module__.startswith("numba"):
         return "numba"
-    if isinstance(fn, ctypes._CFuncPtr):
+    if isinstance(fn, ctypes._CFuncPtr):  # type: ignore[attr-defined]
         return "ctypes"
     if t.__module__ == "_cffi_backend" and cffi_ctype(fn) is not None:
         return "cffi"

@@ -28,10 +28,11 @@ its bytes still hold it; a complex element when either part does).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
+
 from . import _jax
 from ._errors import HostError, find_host_error
 

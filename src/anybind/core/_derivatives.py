@@ -13,17 +13,17 @@ is known to be zero leaves as ``ad.Zero``.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+
 from . import _jax
 from ._batching import sum_unbatched, vmapped
 from ._errors import MissingRuleError
 from ._sharding import vary_like
-from .roles import (Layout, make_run, role_name, rule_of, traced_run, traced_tangents,
-                     uses_residuals)
 from ._spec import Call, Rule, is_float
+from .roles import Layout, make_run, role_name, rule_of, traced_run, traced_tangents, uses_residuals
 
 
 def _nonzero(t) -> bool:
@@ -143,8 +143,6 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
     """∂f(x)·ẋ for the float outputs, from whichever rules the op has."""
     op = call.op
     jr, vr = op.jvp_rule, op.vjp_rule
-    n, m = call.n_in, len(call.kw_avals)
-
     # Reverse mode runs the bwd rule on the fwd rule's residuals; forward mode's f_jvp (no
     # residuals kept: under checkpoint, say) transposes into the fwd rule run again, then bwd.
     if uses_residuals(call) or (call.with_residuals is not None and vr is None):
@@ -217,12 +215,12 @@ def _linear_tangent(fam, role, call: Call, lin, need, lay: Layout, sel) -> Calla
     prim = fam[role]
     n_nonlin = len(lay.nonlin)
     if role == "primal":  # a linear op: f(ẋ), with zeros where ẋ is symbolic
-        def core(*ops):
+        def linear_core(*ops):
             ts = dict(zip(sel, ops[len(ops) - len(sel):]))
             xs = [ts[i] if i in ts else jnp.zeros(a.shape, a.dtype)
                   for i, a in enumerate(call.in_avals)]
             return prim.bind(*xs, *ops[call.n_in:len(ops) - len(sel)], call=call, batch=None)
-        return core
+        return linear_core
     positions = [p for p, b in enumerate(lin) if b]
     chosen = {positions[i - n_nonlin] for i in sel}
     new_lin = tuple(p in chosen for p in range(len(lin)))
@@ -376,11 +374,11 @@ def _t_jvp(fam, call: Call, lin, need, und, present):
         # fwd rule runs again for the bwd rule's residuals
         n = call.n_in + len(call.kw_avals)
 
-        def core(*ops):
+        def refwd_core(*ops):
             saved = fam["fwd"].bind(*ops[:n], call=full, batch=None)[len(full.out_avals):]
             return fam["vjp"].bind(*ops[:n], *saved, *ops[n:], call=full, batch=None,
                                    lin=ct_lin, need=need_x)
-        return core
+        return refwd_core
 
     def core(*ops):
         return fam["vjp"].bind(*ops, call=call, batch=None, lin=ct_lin, need=need_x)

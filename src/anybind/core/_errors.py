@@ -17,6 +17,7 @@ import os
 import re
 import threading
 import traceback
+from typing import NoReturn
 
 
 class MissingRuleError(NotImplementedError):
@@ -133,6 +134,19 @@ def to_raise(err: HostError) -> BaseException:
         cause.add_note(str(err))
         return cause
     return err
+
+
+def raise_for(err: HostError) -> NoReturn:
+    """Raise what an eager call raises for ``err`` (``to_raise``), from inside an ``except``.
+
+    The user's ``BaseException`` is raised as itself, never as its own cause: a
+    cycle in the chain of causes hangs whatever walks it (JAX's traceback
+    filtering does, on every error raised through a transformation).
+    """
+    e = to_raise(err)
+    if e is err:
+        raise err from err.__cause__
+    raise e
 
 
 def find_host_error(runtime_error: BaseException) -> HostError | None:

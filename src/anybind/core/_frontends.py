@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import importlib
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 FRONT_ENDS: dict[type, Callable] = {}
 MAKERS: dict[str, Callable] = {}
-LIVE_OPS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+LIVE_OPS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
 
 def front(name: str, op) -> Any:

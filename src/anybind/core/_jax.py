@@ -19,22 +19,21 @@ import functools
 import inspect
 
 import jax
+from jax._src import (
+    api_util as _api_util,
+    config as _config,
+    core as _core,
+    dispatch as _dispatch,
+    dtypes as _dtypes,
+    effects as _effects,
+    linear_util as _lu,
+    mesh as _mesh,
+    sharding_impls as _sharding_impls,
+    traceback_util as _traceback_util,
+    util as _util,
+)
+from jax._src.interpreters import ad as _ad, batching as _batching, mlir as _mlir
 from jax.extend import core as _xcore
-
-from jax._src import api_util as _api_util
-from jax._src import config as _config
-from jax._src import core as _core
-from jax._src import dispatch as _dispatch
-from jax._src import dtypes as _dtypes
-from jax._src import effects as _effects
-from jax._src import linear_util as _lu
-from jax._src import mesh as _mesh
-from jax._src import sharding_impls as _sharding_impls
-from jax._src import traceback_util as _traceback_util
-from jax._src import util as _util
-from jax._src.interpreters import ad as _ad
-from jax._src.interpreters import batching as _batching
-from jax._src.interpreters import mlir as _mlir
 
 VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
 
@@ -43,7 +42,7 @@ Primitive = _xcore.Primitive                      # an op's primitives (jax.exte
 ShapedArray = _core.ShapedArray                   # avals of operands and results (0.4)
 Tracer = _core.Tracer                             # what an enclosing trace passes in (0.4)
 eval_jaxpr = _core.eval_jaxpr                     # closure-converted code replayed (0.4)
-jaxpr_as_fun = _xcore.jaxpr_as_fun                # a closed jaxpr as a function (jax.extend, 0.4.30)
+jaxpr_as_fun = _xcore.jaxpr_as_fun                # a closed jaxpr as a function (0.4.30)
 trace_ctx = _core.trace_ctx                       # the current trace: is a call under one (0.4.36)
 EvalTrace = _core.EvalTrace                       # the trace of eager evaluation (0.4.36)
 
@@ -62,12 +61,12 @@ def linearize_rule(rule):
 
 
 fancy_primitive_batchers = _batching.fancy_primitive_batchers  # vmap rules given the axis (0.4.36)
-batch_jaxpr = _batching.batch_jaxpr               # which outputs of traced code vary over an axis (0.4.36)
-NamedAxisEffect = _core.NamedAxisEffect           # the vmap axis names a jaxpr's collectives use (0.4.36)
+batch_jaxpr = _batching.batch_jaxpr               # which outputs vary over an axis (0.4.36)
+NamedAxisEffect = _core.NamedAxisEffect           # axis names a jaxpr's collectives use (0.4.36)
 
 
 def axis_name(axis_data):
-    """The name of the vmap axis a fancy batcher receives (``axis_data``), None if unnamed (0.4.36)."""
+    """The name of the vmap axis a fancy batcher gets (``axis_data``), or None (0.4.36)."""
     name = axis_data.name
     return None if name is _core.no_axis_name else name
 
@@ -75,14 +74,15 @@ def axis_name(axis_data):
 register_lowering = _mlir.register_lowering       # MLIR lowering per primitive (0.4)
 lowerings = _mlir._lowerings                      # cleared when an op is collected (0.4)
 platform_specific_lowerings = _mlir._platform_specific_lowerings  # likewise (0.4)
-requires_devices_during_lowering = _dispatch.prim_requires_devices_during_lowering  # shard= (0.4.31)
+# shard= (0.4.31)
+requires_devices_during_lowering = _dispatch.prim_requires_devices_during_lowering
 
 # --------------------------------------------------------------- autodiff
 Zero = _ad.Zero                                   # a symbolic zero tangent or cotangent (0.4)
 UndefinedPrimal = _ad.UndefinedPrimal             # a linear operand under transposition (0.4)
 instantiate_zeros = _ad.instantiate_zeros         # a symbolic zero as an array (0.4)
 linearize_from_jvp = _ad.linearize_from_jvp       # a jvp rule as a linearize rule (0.5)
-wrap_init = _lu.wrap_init                         # a function as JAX's linear_util form (0.5: debug_info=)
+wrap_init = _lu.wrap_init                         # a function in linear_util form (0.5)
 debug_info = _api_util.debug_info                 # the debug info wrap_init takes (0.5)
 float0 = _dtypes.float0                           # the tangent dtype of integer values (0.4)
 dtype_of = _dtypes.dtype                          # dtype of a value, float0 included (0.4)
@@ -161,6 +161,7 @@ def typed_aval(shape, dtype, sharding, axes) -> ShapedArray:
     axes = frozenset(axes)
     if ManualAxisType is not None:  # 0.10
         mat = ManualAxisType(varying=axes) if axes else empty_varying
-        return ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=mat)
-    return ShapedArray(shape, dtype, sharding=sharding, vma=axes)  # 0.7 – 0.9
+        return ShapedArray(shape, dtype, sharding=sharding,
+                           manual_axis_type=mat)  # type: ignore[arg-type]
+    return ShapedArray(shape, dtype, sharding=sharding, vma=axes)  # type: ignore[call-arg]  # 0.7 – 0.9
 

@@ -32,11 +32,12 @@ from __future__ import annotations
 import contextvars
 import itertools
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import jax
+
 from . import _jax
-from ._errors import find_host_error, to_raise
+from ._errors import find_host_error, raise_for
 from ._spec import Call
 
 _jax.weakref_cache_key_types.add(Call)
@@ -84,7 +85,7 @@ def eager_impl(prim, *args, **params):
         err = find_host_error(e)
         if err is None:
             raise
-        raise to_raise(err) from err.__cause__
+        raise_for(err)
     finally:
         _jax.disable_jit.set_local(prev)
 
@@ -116,7 +117,7 @@ def held(ctx, callback: Callable) -> Callable:
     return weak_callback
 
 
-_TABLES = (_jax.primitive_jvps, _jax.primitive_transposes, _jax.primitive_linearizations,
+_TABLES: tuple = (_jax.primitive_jvps, _jax.primitive_transposes, _jax.primitive_linearizations,
            _jax.fancy_primitive_batchers, _jax.lowerings)
 
 
@@ -132,5 +133,5 @@ def unregister(prims) -> None:
 def table_sizes() -> dict:
     """The sizes of JAX's rule tables (how many primitives have each kind of rule)."""
     names = ("jvps", "transposes", "linearizations", "batchers", "lowerings")
-    return dict(zip(names, map(len, _TABLES)))
+    return {name: len(table) for name, table in zip(names, _TABLES)}
 

@@ -21,7 +21,8 @@ device route does for a device rule's host fallback in a CPU program.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from ._spec import Batch, Call, Rule
 
@@ -44,7 +45,7 @@ class Site:
     def op(self):
         return self.call.op
 
-    def replace(self, **changes) -> "Site":
+    def replace(self, **changes) -> Site:
         return dataclasses.replace(self, **changes)
 
 

@@ -79,7 +79,8 @@ def bind(call: Call, k: int, z: list, ks: list, batch=None) -> list:
 
 def split(owner: list, ops) -> tuple:
     """Operands into groups (a dict j → leaves) and keyword operands."""
-    z, ks = {}, []
+    z: dict = {}
+    ks: list = []
     for o, x in zip(owner, ops):
         (ks if o == _KW else z.setdefault(o, [])).append(x)
     return z, ks

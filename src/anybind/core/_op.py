@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
-from typing import Any, Callable, Literal, Union
+from collections.abc import Callable
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +35,7 @@ from jax import tree_util
 
 from . import _closures, _debug, _jax, _lowering, _sharding
 from ._code import is_compiled
-from ._errors import pop_host_error, to_raise
+from ._errors import pop_host_error, raise_for
 from ._frontends import FRONT_ENDS, LIVE_OPS, front
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
@@ -44,9 +45,8 @@ from .roles import check_symmetric
 # one call per row, one call with unbatched arguments given a leading axis of
 # length 1 (``"vectorized"`` is its older name), or one call with them broadcast.
 MODES = ("sequential", "expand_dims", "broadcast_all", "vectorized")
-VmapMode = Union[Literal["sequential", "expand_dims", "broadcast_all", "vectorized"],
-                 Callable[..., Any]]
-RuleVmap = Union[VmapMode, None]
+VmapMode = Literal["sequential", "expand_dims", "broadcast_all", "vectorized"] | Callable[..., Any]
+RuleVmap = VmapMode | None
 
 
 def is_mode(vmap: Any) -> bool:
@@ -137,7 +137,7 @@ class CoreOp:
         # rules are then taken to be written for batched arrays too).
         self.vmap: str = "sequential"
         self._vmap_declared = isinstance(o.vmap, str)
-        if o.vmap is None or is_mode(o.vmap):
+        if o.vmap is None or isinstance(o.vmap, str) and is_mode(o.vmap):
             self.vmap = canonical_mode(o.vmap or "sequential")
         elif callable(o.vmap):
             self.def_vmap(o.vmap, traced=o.traced, device=o.device)
@@ -330,7 +330,7 @@ class CoreOp:
                 err = pop_host_error(self, e)
                 if err is None:
                     raise
-                raise to_raise(err) from err.__cause__
+                raise_for(err)
         return tree_util.tree_unflatten(call.out_tree, outs)
 
     def call_of(self, *args: Any, **kwargs: Any) -> Call:

@@ -23,17 +23,25 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-from . import (_batching, _closures, _derivatives, _jax, _lifetime, _lowering, _multilinear,
-               _sharding)
+from . import (
+    _batching,
+    _closures,
+    _derivatives,
+    _jax,
+    _lifetime,
+    _lowering,
+    _multilinear,
+    _sharding,
+)
 from ._errors import MissingRuleError
 from ._jax import ShapedArray
 from ._spec import Batch, Call, Rule
-from .roles import (ROLES, missing_rule_message, out_avals, role_name, rule_of, traced_run)
+from .roles import ROLES, missing_rule_message, out_avals, role_name, rule_of, traced_run
 from .roles._common import check_traced_outputs
 from .roles._primal import call_vmap_rule
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -164,7 +164,11 @@ def _rule_for(call: Call) -> ShardRule:
                         f"{call.input_shapes!r} with keywords {kwargs!r}: "
                         f"{type(e).__name__}: {e}") from e
     text, extra = (made, ()) if isinstance(made, str) else made
-    return parse_rule(op.name, text, tuple(extra) + tuple(rule.replicated))
+    made_rule = parse_rule(op.name, text, tuple(extra) + tuple(rule.replicated))
+    if made_rule is None:
+        raise TypeError(f"anybind op '{op.name}': the shard rule {rule.text} gave no rule "
+                        f"for inputs {call.input_shapes!r}")
+    return made_rule
 
 
 def factors_of(call: Call) -> Factors:
@@ -188,15 +192,16 @@ def factors_of(call: Call) -> Factors:
         rank = len(shapes.pop()) if shapes else 0
         ids = tuple(f"e{d}" for d in range(rank))
         ins, outs = (ids,) * len(avals_in), (ids,) * len(call.out_avals)
-        user = {}
+        user: dict = {}
     else:
-        if len(rule.ins) != len(avals_in):
+        rule_ins, rule_outs = rule.ins or (), rule.outs or ()
+        if len(rule_ins) != len(avals_in):
             raise TypeError(
-                f"{head} has {len(rule.ins)} operand(s), but the op is called with "
+                f"{head} has {len(rule_ins)} operand(s), but the op is called with "
                 f"{call.n_in} positional array leaf/leaves and {len(call.kw_avals)} keyword "
                 f"array operand(s): {', '.join(names_in) or 'none'}")
-        if len(rule.outs) != len(call.out_avals):
-            raise TypeError(f"{head} has {len(rule.outs)} output(s), but the op returns "
+        if len(rule_outs) != len(call.out_avals):
+            raise TypeError(f"{head} has {len(rule_outs)} output(s), but the op returns "
                             f"{len(call.out_avals)}: {', '.join(names_out)}")
         user = {}
 
@@ -214,12 +219,13 @@ def factors_of(call: Call) -> Factors:
                 ids.append(user[name])
             return tuple(ids)
 
-        ins = tuple(fit(s, a, w) for s, a, w in zip(rule.ins, avals_in, names_in))
-        outs = tuple(fit(s, a, w) for s, a, w in zip(rule.outs, call.out_avals, names_out))
+        ins = tuple(fit(s, a, w) for s, a, w in zip(rule_ins, avals_in, names_in))
+        outs = tuple(fit(s, a, w) for s, a, w in zip(rule_outs, call.out_avals, names_out))
     label = {v: k for k, v in user.items()}
     label_of = lambda f: repr(label[f]) if f in label else (
         f"axis {f[1:]} (from the right) of '...'" if not rule.elementwise else f"axis {f[1:]}")
-    sizes, first = {}, {}
+    sizes: dict = {}
+    first: dict = {}
     for ids, aval, what in zip(ins + outs, avals_in + list(call.out_avals),
                                names_in + names_out):
         for f, n in zip(ids, aval.shape):
@@ -339,7 +345,8 @@ def plan_factors(specs, ops_f, mesh, splittable, allowed, strict: Call | None = 
     then gathers that operand). With ``strict`` (Explicit axes: the sharding
     is the type) two operands that split one factor differently are an error.
     """
-    plan, used = {}, set()
+    plan: dict = {}
+    used: set = set()
     for k, (spec, fl) in enumerate(zip(specs, ops_f)):
         for d, f in enumerate(fl):
             axes = tuple(a for a in mesh_axes(spec[d] if d < len(spec) else None) if a in allowed)
@@ -382,7 +389,9 @@ def vary(args: Sequence) -> Sequence:
     union = frozenset().union(*vmas)
     if not union:
         return args
-    return [a if v == union else _jax.pvary(a, _mesh_order(union - v)) for a, v in zip(args, vmas)]
+    pvary = _jax.pvary
+    return [a if v == union else pvary(a, _mesh_order(union - v))  # type: ignore[misc]
+            for a, v in zip(args, vmas)]
 
 
 def _mesh_order(axes) -> tuple:

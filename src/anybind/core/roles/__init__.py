@@ -33,15 +33,23 @@ JAX's: no complex conjugation, ⟨ȳ, J·ẋ⟩ = ⟨Jᵀ·ȳ, ẋ⟩ with ⟨a,
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 
 from .._errors import MissingRuleError
 from .._spec import Call, Rule, fmt_aval
 from . import _jvp, _primal, _transpose, _vjp
-from ._common import (ROLE_NAMES, ROLES, Layout, check_traced_outputs, out_avals, out_names,
-                      role_name, uses_residuals)
+from ._common import (
+    ROLE_NAMES,
+    ROLES,
+    Layout,
+    check_traced_outputs,
+    out_avals,
+    out_names,
+    role_name,
+    uses_residuals,
+)
 
 __all__ = ["ROLES", "ROLE_NAMES", "Layout", "MissingRuleError", "check_symmetric", "derives_jvp",
            "make_run", "missing_rule_message", "out_avals", "out_names", "role_name",

@@ -15,7 +15,7 @@ tangents of the floating output leaves.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np

@@ -15,7 +15,7 @@ Each builder returns ``run(*operands) -> output leaves`` (in place:
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,7 +28,7 @@ def _inplace_error(call: Call) -> TypeError:
                      f"writes into out= and must return None")
 
 
-def primal(call: Call, fn: Callable, xp, lead=(), inplace: bool = False) -> Callable[..., list]:
+def primal(call: Call, fn: Callable, xp, lead=(), inplace: bool = False) -> Callable:
     n = call.n_in
     if inplace:
         if simple(call):

@@ -17,7 +17,7 @@ marks. ``symbolic_zeros`` and ``out=True`` as for the vjp role.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +27,17 @@ from jax import tree_util
 from .._errors import MissingRuleError
 from .._multilinear import index_of, need_of, owners, split
 from .._spec import Call, Rule
-from ._common import (Layout, cotangent_maker, cotangent_out, fill, flatten_per_arg, form,
-                      needs, selector, zeros_of)
+from ._common import (
+    Layout,
+    cotangent_maker,
+    cotangent_out,
+    fill,
+    flatten_per_arg,
+    form,
+    needs,
+    selector,
+    zeros_of,
+)
 from ._primal import primal
 
 

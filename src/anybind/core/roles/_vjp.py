@@ -19,13 +19,25 @@ zero cotangent is written as zeros.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from .._spec import Call
-from ._common import (Layout, check_none, cotangent_maker, cotangent_out, filler,
-                      flatten_outputs, flatten_per_arg, form, needs, selector, simple, zeros_of)
+from ._common import (
+    Layout,
+    check_none,
+    cotangent_maker,
+    cotangent_out,
+    filler,
+    flatten_outputs,
+    flatten_per_arg,
+    form,
+    needs,
+    selector,
+    simple,
+    zeros_of,
+)
 
 
 def vjp(call: Call, fn: Callable, lin, need, xp, lead=(), symbolic: bool = False,
