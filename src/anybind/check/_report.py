@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
+from .._api import Op
 from ..core._code import is_compiled
 from ..core._errors import MissingRuleError
 from . import _checks
@@ -107,7 +108,7 @@ def _num(x: float | None) -> str:
     return "—" if x is None else f"{x:.1e}"
 
 
-def check(op, *args: Any, rtol: float | None = None, atol: float | None = None,
+def check(op: Op, *args: Any, rtol: float | None = None, atol: float | None = None,
           seed: int = 0, torch: bool = False, **kwargs: Any) -> Report:
     """Verify every rule of ``op`` numerically on example inputs; raise on the first error.
 

@@ -59,6 +59,7 @@ import dataclasses
 import hashlib
 import threading
 import weakref
+from typing import Any
 
 import jax.ffi
 import jax.numpy as jnp
@@ -92,7 +93,7 @@ _PARAMS = "ppppp" "qq" "pq"
 _DTYPE_CODES = _dtypes.COMPILED
 
 
-def dtype_code(dtype) -> int:
+def dtype_code(dtype: Any) -> int:
     """The code of ``dtype`` in the ``dtypes`` array a compiled function receives.
 
     These are XLA's own (``XLA_FFI_DataType`` in ``xla/ffi/api/c_api.h``).
@@ -108,7 +109,7 @@ def dtype_code(dtype) -> int:
     return _DTYPE_CODES[name]
 
 
-def numba_signature():
+def numba_signature() -> Any:
     """The Numba signature of anybind's C calling convention, for ``numba.cfunc``.
 
     >>> import anybind as ab, numba, numpy as np
