@@ -2,14 +2,15 @@
 
 Reads ``benchmarks/results.json`` (``benchmarks/run.py``), ``recipes.json``
 (``recipes.py``) and ``torch_results.json`` (``torch_calls.py``) and writes one
-PNG per figure. The docs
-build runs it through ``docs/hooks.py`` (the PNGs are generated files of the
-site, never committed); by hand::
+SVG per figure. The docs build runs it through ``docs/hooks.py`` (the SVGs are
+generated files of the site, never committed); by hand::
 
     python docs/gen_figures.py OUTDIR
 
 Every figure plots minima (the benchmarks' headline: noise only adds time), as
-the tables beside it on ``docs/performance.md`` do.
+the tables beside it on ``docs/performance.md`` do. Sizes n that are a few
+chosen values are categories (grouped bars), not points on a line, and every
+panel labels both axes.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "anybind"   # the same SVG for the same numbers
 import matplotlib.pyplot as plt  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -59,30 +61,35 @@ def _n_label(n: str) -> str:
 def _save(fig, out: Path, name: str) -> Path:
     path = out / name
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, format="svg", metadata={"Date": None})
     plt.close(fig)
     return path
 
 
-def _lines(ax, group: dict, title: str, ylabel: bool = True) -> None:
+def _grouped(ax, group: dict, title: str) -> None:
+    """One group of bars per size n (a category), one bar per route, log scale."""
     ns = [n for n in group if n != "scan"]
-    for route in group[ns[0]]:
-        ys = [group[n][route]["min_us"] for n in ns]
+    routes = list(group[ns[0]])
+    width = 0.8 / len(routes)
+    for k, route in enumerate(routes):
+        xs = [i + (k - (len(routes) - 1) / 2) * width for i in range(len(ns))]
         anybind = route.startswith("anybind")
-        ax.plot(range(len(ns)), ys, marker="o", color=_colour(route), label=route,
-                linewidth=2.2 if anybind else 1.3, linestyle="-" if anybind else "--")
+        ax.bar(xs, [group[n][route]["min_us"] for n in ns], width=width, color=_colour(route),
+               label=route, edgecolor="#222222" if anybind else "none", linewidth=0.8,
+               hatch="//" if route.startswith("custom_vjp") else None)   # its callback's colour
     ax.set_yscale("log")
     ax.set_xticks(range(len(ns)), [f"n = {_n_label(n)}" for n in ns])
+    ax.set_xlabel("array size")
     ax.set_title(title, fontsize=10)
-    if ylabel:
-        ax.set_ylabel("µs per call (min)")
-    ax.grid(True, which="both", alpha=0.25)
+    ax.set_ylabel("µs per call (min)")
+    ax.grid(True, axis="y", which="both", alpha=0.25)
 
 
-def _bars(ax, labels, values, colours, xlabel, log=True, fmt="{:.3g}") -> None:
+def _bars(ax, labels, values, colours, xlabel, log=True, fmt="{:.3g}", ylabel="route") -> None:
     y = range(len(labels))
     ax.barh(y, values, color=colours)
     ax.set_yticks(y, labels, fontsize=8)
+    ax.set_ylabel(ylabel)
     ax.invert_yaxis()
     if log:
         ax.set_xscale("log")
@@ -95,24 +102,26 @@ def _bars(ax, labels, values, colours, xlabel, log=True, fmt="{:.3g}") -> None:
 def overhead(results: dict, out: Path) -> Path:
     """Per-call time of f = x1·x2² under jit and jit(grad), per route, against n."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    _lines(axes[0], results["calls"], "jit(f)")
-    _lines(axes[1], results["grads"], "jit(grad(Σ f))", ylabel=False)
+    _grouped(axes[0], results["calls"], "jit(f)")
+    _grouped(axes[1], results["grads"], "jit(grad(Σ f))")
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, out, "overhead.png")
+        ax.set_ylim(top=ax.get_ylim()[1] * 3)   # room for the legend above the bars
+    return _save(fig, out, "overhead.svg")
 
 
 def compiled(results: dict, out: Path) -> Path:
     """Compiled routes against n, and the per-call cost inside a lax.scan of 1000 steps."""
     ffi = results["ffi"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1.1, 1]})
-    _lines(axes[0], ffi, "jit(f), compiled and Python routes")
+    _grouped(axes[0], ffi, "jit(f), compiled and Python routes")
     axes[0].legend(fontsize=7, loc="upper left")
+    axes[0].set_ylim(top=axes[0].get_ylim()[1] * 3)
     routes = list(ffi["scan"])
     per_step = [ffi["scan"][r]["min_us"] / 1000 for r in routes]
     _bars(axes[1], routes, per_step, [_colour(r) for r in routes], "µs per step (min)")
     axes[1].set_title("inside a lax.scan of 1000 steps, n = 1", fontsize=10)
-    return _save(fig, out, "compiled.png")
+    return _save(fig, out, "compiled.svg")
 
 
 def vmap(results: dict, out: Path) -> Path:
@@ -123,7 +132,7 @@ def vmap(results: dict, out: Path) -> Path:
     _bars(ax, routes, [group[r]["min_us"] for r in routes], [_colour(r) for r in routes],
           "µs per call (min)")
     ax.set_title("jit(vmap(f)) over 1000×100", fontsize=10)
-    return _save(fig, out, "vmap.png")
+    return _save(fig, out, "vmap.svg")
 
 
 def contrib(results: dict, out: Path) -> Path:
@@ -141,12 +150,13 @@ def contrib(results: dict, out: Path) -> Path:
             ax.text(r, y, f" {r:.2f}", va="center", fontsize=7)
     ax.axvline(1.0, color="#222222", linewidth=1)
     ax.set_yticks(range(len(cases)), cases, fontsize=8)
+    ax.set_ylabel("transform and size")
     ax.invert_yaxis()
     ax.set_xlim(0, 1.25)
     ax.set_xlabel("anybind ÷ JAXbind, ratio of minima (< 1: anybind faster)")
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("anybind.contrib.ducc0 against jaxbind.contrib.jaxducc0", fontsize=10)
-    return _save(fig, out, "contrib.png")
+    return _save(fig, out, "contrib.svg")
 
 
 def memory(results: dict, out: Path) -> Path:
@@ -159,10 +169,10 @@ def memory(results: dict, out: Path) -> Path:
     colours = [_colour(lab.split(": ", 1)[1].split(",")[0]) for lab in labels]
     fig, ax = plt.subplots(figsize=(9, 5.2))
     _bars(ax, labels, ratios, colours, "peak RSS ÷ the arrays' own size", log=False,
-          fmt="{:.2f}")
+          fmt="{:.2f}", ylabel="operation: route")
     ax.axvline(1.0, color="#222222", linewidth=1)
     ax.set_title("peak memory, n = 5·10⁷ float64 (381 MiB per array)", fontsize=10)
-    return _save(fig, out, "memory.png")
+    return _save(fig, out, "memory.svg")
 
 
 def many_devices(results: dict, out: Path) -> Path:
@@ -181,12 +191,13 @@ def many_devices(results: dict, out: Path) -> Path:
             ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
     ax.set_xscale("log")
     ax.set_yticks(range(len(cases)), cases, fontsize=8)
+    ax.set_ylabel("operation")
     ax.invert_yaxis()
     ax.set_xlabel("ms per call (min)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title("8 CPU devices, rows sharded: shard= against the gathered default",
                  fontsize=10)
-    return _save(fig, out, "many_devices.png")
+    return _save(fig, out, "many_devices.svg")
 
 
 def torch_routes(torch_results: dict, out: Path) -> Path:
@@ -204,12 +215,13 @@ def torch_routes(torch_results: dict, out: Path) -> Path:
             ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
     ax.set_xticks(range(len(cases)), cases, fontsize=8)
+    ax.set_xlabel("operation")
     ax.set_ylabel("µs per call (min)")
     ax.legend(fontsize=8, ncols=4, loc="upper left")
     ax.set_ylim(top=ax.get_ylim()[1] * 4)
     ax.set_title(f"f = x1·x2² on float64 CPU tensors (torch {torch_results['torch']})",
                  fontsize=10)
-    return _save(fig, out, "torch.png")
+    return _save(fig, out, "torch.svg")
 
 
 def recipes(recipes_results: dict, out: Path) -> Path:
@@ -236,11 +248,12 @@ def recipes(recipes_results: dict, out: Path) -> Path:
     axes[1].set_xscale("log")
     axes[1].set_yscale("log")
     axes[1].set_xlabel("steps")
+    axes[1].set_ylabel("peak RSS over base, MiB")
     axes[1].set_title("jit(grad) through a loop, 256×256 float64 state", fontsize=10)
     for ax in axes:
         ax.legend(fontsize=8)
         ax.grid(True, which="both", alpha=0.25)
-    return _save(fig, out, "recipes.png")
+    return _save(fig, out, "recipes.svg")
 
 
 def generate(out: Path) -> list[Path]:
