@@ -49,8 +49,9 @@ Under ``vmap`` every operand has a leading batch axis (of length 1 when it
 is not batched) and every output one of the batch's length. ``"sequential"``
 ops are called once per row by the shim, inside one FFI call;
 ``"expand_dims"`` ops and vmap rules are called once with the batched shapes
-(``"broadcast_all"`` is for Python host code: compiled code gets each unbatched
-operand's one row, with its leading axis of 1, and indexes it itself).
+(``"broadcast_all"`` is for Python host code, which gets broadcast views; a
+compiled function sees each operand's dims and indexes an unbatched one's single
+row itself, so it is bound ``"expand_dims"``).
 """
 from __future__ import annotations
 
@@ -450,6 +451,11 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
         outs = [ShapedArray(out_lead + call.in_avals[i].shape, call.in_avals[i].dtype)
                 for i in floats]
         select = [floats.index(i) for i, k in enumerate(need) if k]
+    if batch is not None and mode == "broadcast_all":
+        raise TypeError(f"anybind op '{op.name}': its compiled {_RULE_NAMES[kind]} batches "
+                        f"'sequential' or 'expand_dims' (it gets every operand's dims, an "
+                        f"unbatched one with a leading axis of 1); 'broadcast_all' is for "
+                        f"Python host code")
     rows = batch.size if batch is not None and mode == "sequential" else 0
     for_export = ctx.module_context.lowering_parameters.for_export
     name, key = link(op, kind, rule.fn, for_export)
