@@ -93,7 +93,6 @@ def simulated(monkeypatch):
     monkeypatch.setattr(_gpu_device, "TARGET", "xla_buffer_python_cpu_callback")
     monkeypatch.setattr(_gpu_device, "array_module", lambda call: FAKE_CUPY)
     monkeypatch.setattr(_gpu_device, "stream_of", lambda exec_ctx: STREAM)
-    monkeypatch.setattr(_gpu_device, "enter_device", lambda views: None)
 
 
 @pytest.mark.parametrize("vmap", ["sequential", "vectorized"])

@@ -97,14 +97,6 @@ def external_stream(xp, ptr: int):
     return from_external(_StreamHandle(ptr))
 
 
-def enter_device(views) -> None:
-    """Make the device of XLA's buffers current on this thread: XLA may call from a thread
-    with no current CUDA context, where libraries that check for one (torch's cuBLAS
-    handles) warn before making one current themselves."""
-    if views:
-        views[0].device.use()
-
-
 class Route:
     name = "gpu-device"
 
@@ -135,9 +127,8 @@ class Route:
         n_out = len(ctx.avals_out)
 
         def callback(exec_ctx, *buffers):
-            views = [xp.asarray(b) for b in buffers]  # views: no copy, no synchronisation
-            enter_device(views)
             with external_stream(xp, stream_of(exec_ctx)):
+                views = [xp.asarray(b) for b in buffers]  # no copy, no synchronisation
                 guarded(views[:len(views) - n_out], views[len(views) - n_out:])
             return ()
         ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))
