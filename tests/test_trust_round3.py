@@ -138,6 +138,7 @@ _KEEP_DERIVED = """
 """
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.skipif(_pyffi.handler() is None, reason="the FFI handler was not built")
 def test_kept_derived_views_read_what_the_buffer_held_after_it_is_reused():
     n = 4_000_000  # 32 MB: freed memory is unmapped, so a dangling read faults
@@ -148,3 +149,127 @@ def test_kept_derived_views_read_what_the_buffer_held_after_it_is_reused():
     expect = [sum(range(2, 1002)), n + (n - 2), sum(range(6, 16)), 3 + 4,
               3 * sum(range(2, 1002))]
     assert f"SUMS {' '.join(str(float(v)) for v in expect)}" in out, out
+
+
+# ------------------------------------------------ B3: calls that never end, rules' BaseException
+
+_SELF_CALL = """
+    import faulthandler, sys, numpy as np, jax, jax.numpy as jnp, anybind as ab
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang fails, with its stack
+    def f(x):
+        return np.asarray(op(x))  # no base case
+    op = ab.bind(f, shape=ab.like(0), name="selfcall")
+    for call in (op, jax.jit(op), op, jax.jit(lambda x: op(x) + 1)):
+        try:
+            jax.block_until_ready(call(jnp.ones(2)))
+            print("no error")
+        except Exception as e:
+            print("ERROR", type(e).__name__, str(e).replace(chr(10), " ")[:300])
+"""
+
+
+def test_an_op_that_calls_itself_with_no_base_case_fails_naming_it_on_every_path():
+    out = _ok(run_fresh_python(_SELF_CALL))
+    lines = out.splitlines()
+    assert len(lines) == 4 and all(line.startswith("ERROR") for line in lines), out
+    assert all("anybind op 'selfcall'" in line for line in lines), out
+
+
+_BASE_EXCEPTION = """
+    import faulthandler, numpy as np, jax, jax.numpy as jnp, anybind as ab
+    faulthandler.dump_traceback_later(100, exit=True)
+    class Stop(BaseException):
+        pass
+    for kind in (KeyboardInterrupt, SystemExit, Stop):
+        op = ab.bind(lambda x: 2 * x, shape=ab.like(0), name="stops")
+        @op.def_vjp
+        def _(primals, ct, kind=kind):
+            raise kind("stop here")
+        for how, f in (("eager", jax.grad(lambda x: op(x).sum())),
+                       ("vjp", lambda x: jax.vjp(op, x)[1](jnp.ones(2)))):
+            try:
+                f(jnp.ones(2))
+                print("no error")
+            except BaseException as e:
+                chain, c = 0, e
+                while c is not None and chain < 50:
+                    chain, c = chain + 1, c.__cause__
+                print("RAISED", how, type(e).__name__, e.args, chain < 50)
+"""
+
+
+def test_a_rules_base_exception_reaches_the_caller_at_once_as_itself():
+    out = _ok(run_fresh_python(_BASE_EXCEPTION))
+    for kind in ("KeyboardInterrupt", "SystemExit", "Stop"):
+        for how in ("eager", "vjp"):
+            assert f"RAISED {how} {kind} ('stop here',) True" in out, out
+
+
+# ------------------------------------------------------------ E9, E10: statics and specs
+
+def test_a_numpy_scalar_keyword_that_a_traced_function_needs_static_is_named():
+    op = ab.bind(lambda x, n: jnp.tile(x, n), traced=True, name="tiled")
+    for n in (np.int64(2), jnp.array(2), np.array(2)):
+        with pytest.raises(TypeError, match=r"(?s)anybind op 'tiled': .*keyword argument\(s\) n "
+                                            r"are 0-d arrays.*pass a Python number"):
+            op(jnp.ones(2), n=n)
+    np.testing.assert_array_equal(op(jnp.ones(2), n=2), np.ones(4))
+
+
+def test_a_numpy_scalar_keyword_of_host_code_is_an_operand():
+    op = ab.bind(lambda x, n: x * n, shape=ab.like(0), name="scaled")
+    for n in (np.int64(3), jnp.array(3.0)):
+        np.testing.assert_array_equal(op(jnp.ones(2), n=n), 3 * np.ones(2))
+
+
+@pytest.mark.parametrize("spec, what", [
+    (lambda x: None, r"the output spec gave None"),
+    (jax.ShapeDtypeStruct((2,), object), r"the dtype 'object', which no JAX array has"),
+    (jax.ShapeDtypeStruct((2,), "<U3"), r"the dtype '<U3', which no JAX array has"),
+    (lambda x: {"a": jax.ShapeDtypeStruct((2,), np.str_)}, r"output \['a'\] the dtype"),
+])
+def test_a_bad_output_spec_is_an_error_naming_the_op(spec, what):
+    op = ab.bind(lambda x: x, shape=spec, name="badspec")
+    for call in (op, jax.jit(op)):
+        with pytest.raises(TypeError, match=rf"anybind op 'badspec': .*{what}"):
+            call(jnp.ones(2))
+
+
+# --------------------------------------------------------- G14, G15: install and build
+
+_BAD_CC = """
+    import os, tempfile
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp()  # no cached shim to fall back on
+    os.environ["CC"] = "/nonexistent/cc"
+    from anybind.routes import _shimlib
+    try:
+        _shimlib._from_cache(build=True)  # what load() does where no shim was installed
+        print("no error")
+    except Exception as e:
+        print("ERROR", type(e).__name__, str(e).replace(chr(10), " "))
+"""
+
+
+def test_a_bad_compiler_path_is_the_documented_runtime_error():
+    out = _ok(run_fresh_python(_BAD_CC))
+    assert out.startswith("ERROR RuntimeError anybind: building the FFI shim failed: the C "
+                          "compiler '/nonexistent/cc'"), out
+
+
+_NO_HANDLER = """
+    import sys, warnings
+    sys.modules["anybind.routes._pycall"] = None  # as if it was not built at install
+    import jax, jax.numpy as jnp, anybind as ab
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        op = ab.bind(lambda x: 2 * x, shape=ab.like(0), name="slow")
+        for call in (op, jax.jit(op), op):
+            assert call(jnp.ones(2)).tolist() == [2.0, 2.0]
+    print("WARNINGS", [str(w.message) for w in seen if "anybind" in str(w.message)])
+"""
+
+
+def test_the_slow_host_path_says_so_once():
+    out = _ok(run_fresh_python(_NO_HANDLER))
+    assert out.count("Python FFI handler (anybind.routes._pycall) was not built") == 1, out
+    assert "buffer callback, at about twice the cost per call" in out

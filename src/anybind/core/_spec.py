@@ -11,11 +11,13 @@ import dataclasses
 import functools
 import inspect
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 from jax import tree_util
+
 from ._jax import ShapedArray, Tracer, canonicalize_dtype, issubdtype
 
 
@@ -131,16 +133,16 @@ class Call:
         return op
 
     @functools.cached_property
-    def without_residuals(self) -> "Call":
+    def without_residuals(self) -> Call:
         """This call as if the op had no fwd/bwd rules: forward mode's, which keeps none."""
         return dataclasses.replace(self, res_tree=None, res_avals=(), with_residuals=self)
 
     @functools.cached_property
-    def debugging(self) -> "Call":
+    def debugging(self) -> Call:
         """This call in debug mode: a different primitive parameter, so a different program."""
         return dataclasses.replace(self, debug=True)
 
-    def weak(self) -> "Call":
+    def weak(self) -> Call:
         """This call, holding its op weakly (see ``_lifetime``)."""
         return dataclasses.replace(self, op_ref=weakref.ref(self.op))
 
@@ -312,6 +314,14 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                                           **dict(static)),
                     *[_sds(a) for a in flat_args])
             except TypeError as e:
+                scalars = [n for n, a in zip(kw_paths_of(kw_tree), kw_avals) if not a.shape]
+                if scalars and _takes(op.fn, args, kwargs):  # meant as static values?
+                    raise TypeError(
+                        f"anybind op '{op.name}': tracing its function failed: {e}\n"
+                        f"The keyword argument(s) {', '.join(scalars)} are 0-d arrays (NumPy "
+                        f"or JAX scalars), so they are traced operands, as jax.jit traces "
+                        f"them; pass a Python number (int(n), float(n)) for a static "
+                        f"value") from e
                 if _takes(op.fn, args, kwargs):
                     raise
                 fn = getattr(op.fn, "__qualname__", repr(op.fn))
@@ -333,6 +343,10 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"{args!r} with keywords {kwargs!r}: {type(e).__name__}: {e}") from e
     else:
         out = shape
+    if out is None and what == "output spec":
+        raise TypeError(
+            f"anybind op '{op.name}': the output spec gave None; it must give a "
+            f"jax.ShapeDtypeStruct or a pytree of them (() for an op with no outputs)")
     leaves_with_path, out_tree = tree_util.tree_flatten_with_path(out)
     out_avals = []
     for path, leaf in leaves_with_path:
@@ -352,6 +366,10 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
             raise TypeError(
                 f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype {leaf.dtype!r}, which is "
                 f"not an array dtype ({e})") from None
+        if not (issubdtype(dtype, np.number) or issubdtype(dtype, np.bool_)):
+            raise TypeError(
+                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype "
+                f"{str(np.dtype(dtype))!r}, which no JAX array has (a number or bool dtype)")
         out_avals.append(ShapedArray(tuple(int(d) for d in shape), dtype))
     paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
     if (op.linear or op.multilinear) and what == "output spec":
@@ -363,6 +381,12 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"and outputs must be floating or complex; got inputs "
                 f"{[fmt_aval(a) for a in in_avals]} and outputs {[fmt_aval(a) for a in out_avals]}")
     return out_tree, tuple(out_avals), paths
+
+
+def kw_paths_of(kw_tree) -> list[str]:
+    """The keyword operands' leaves as the user wrote them (``n``, ``opts['a']``)."""
+    paths = tree_util.tree_flatten_with_path(kw_tree.unflatten(range(kw_tree.num_leaves)))[0]
+    return [f"{getattr(p[0], 'key', p[0])}{tree_util.keystr(p[1:])}" for p, _ in paths]
 
 
 def _takes(fn, args, kwargs) -> bool:

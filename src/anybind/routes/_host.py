@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 from typing import Callable, Sequence
 
 import numpy as np
@@ -252,6 +253,12 @@ def broadcaster(batch: Batch) -> Callable:
     return widen
 
 
+# Host code that calls ops whose host code runs on the same thread nests; without a base
+# case it would nest until Python's recursion limit, whose errors then nest in turn.
+MAX_NESTING = 16
+_nesting = threading.local()
+
+
 def host_callback(call: Call, role_name: str, runner: Callable,
                   device: bool = False) -> Callable:
     """``guarded(ins, outs)``: runs ``runner`` on arrays, keeps a failure's HostError.
@@ -264,7 +271,14 @@ def host_callback(call: Call, role_name: str, runner: Callable,
     copy = call.debug and not device
 
     def guarded(ins, outs):
+        depth = _nesting.depth = getattr(_nesting, "depth", 0) + 1
         try:
+            if depth > MAX_NESTING:
+                raise HostError(
+                    f"anybind op '{op_name}': its {role_name} runs inside {MAX_NESTING} calls "
+                    f"of host code on this thread, each called by the one before: host code "
+                    f"that calls an op whose host code calls it again, with no base case "
+                    f"(anybind.routes._host.MAX_NESTING is the limit)")
             runner(_debug.inputs(ins) if copy else ins, outs)
         except BaseException as e:  # KeyboardInterrupt too: re-raised itself by eager calls
             # Under jit only the message reaches the caller (XLA drops the cause, the
@@ -278,6 +292,8 @@ def host_callback(call: Call, role_name: str, runner: Callable,
                 e = err
             remember_host_error(op, e)
             raise e.with_traceback(None)
+        finally:
+            _nesting.depth -= 1
     guarded.what = f"anybind op '{op_name}': the {role_name}"
     return guarded
 

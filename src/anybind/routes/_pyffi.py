@@ -36,6 +36,7 @@ from __future__ import annotations
 import gc
 import secrets
 import threading
+import warnings
 import weakref
 from typing import Callable, Sequence
 
@@ -87,7 +88,13 @@ def handler():
 def _load():
     try:
         from . import _pycall
-    except ImportError:
+    except ImportError as e:
+        warnings.warn(
+            f"anybind: its Python FFI handler (anybind.routes._pycall) was not built when "
+            f"anybind was installed ({e}), so host code runs through XLA's buffer callback, "
+            f"at about twice the cost per call. Reinstall anybind where a C compiler is found "
+            f"(ANYBIND_REQUIRE_HANDLERS=1 makes a build without it fail)",
+            RuntimeWarning, stacklevel=2)
         return None
     import jax
     import jax.ffi

@@ -227,7 +227,13 @@ def _build(cache: Path, source: Path, include: Path, cc: str, digest: str,
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         out = Path(tmp) / target.name
         cmd = [cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(source), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:  # $CC names no program, or one that cannot run
+            raise RuntimeError(
+                f"anybind: building the FFI shim failed: the C compiler {cc!r} (from $CC, or "
+                f"found as cc, gcc or clang) could not be run: {e}. Set CC to a working C "
+                f"compiler, or unset it") from e
         if res.returncode != 0:
             raise RuntimeError(f"anybind: building the FFI shim failed ({' '.join(cmd)}):\n"
                                f"{res.stderr.strip()}")
