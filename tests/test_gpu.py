@@ -6,8 +6,11 @@ both GPU routes run on the CPU through the CPU versions of the same XLA callback
 (the ``simulated`` fixture): host code through ``xla_ffi_python_cpu_callback``,
 which has the calling convention of the GPU target (host arrays in, host arrays
 out), and device code through the CPU buffer callback, with NumPy standing in
-for CuPy and a made-up stream. The tests marked ``gpu`` run the real routes and
-are skipped where JAX sees no GPU or CuPy is missing.
+for CuPy and a made-up stream; on a machine with a GPU they still run on the
+CPU. The tests marked ``gpu`` run the real routes (device code, host code, the
+bridges on CUDA tensors; views without copy or synchronisation on XLA's stream;
+a CUDA profile without host copies) and are skipped where JAX sees no GPU or
+CuPy is missing.
 """
 import sys
 import types
