@@ -31,8 +31,8 @@ import json
 import os
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # jax-finufft's threads are OpenMP's: leave them every core (run.py limits BLAS to one)
 os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))
@@ -40,11 +40,10 @@ os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import run  # noqa: E402  (x64 on)
-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+import run  # noqa: E402  (x64 on)
 
 from anybind.contrib import finufft as ab_finufft  # noqa: E402
 

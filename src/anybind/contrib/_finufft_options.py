@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Optional, Union
 
 __all__ = ["Opts", "NestedOpts", "unpack_opts", "DebugLevel", "GpuDebugLevel", "FftwFlags",
            "SpreadSort", "SpreadThread", "GpuMethod"]
@@ -120,12 +119,12 @@ class NestedOpts:
     (1, 2)
     """
 
-    type1: Optional[Opts] = None
-    type2: Optional[Opts] = None
-    type3: Optional[Opts] = None
+    type1: Opts | None = None
+    type2: Opts | None = None
+    type3: Opts | None = None
 
-    forward: Optional[Opts] = None
-    backward: Optional[Union[Opts, "NestedOpts"]] = None
+    forward: Opts | None = None
+    backward: Opts | NestedOpts | None = None
 
 
 def unpack_opts(opts, finufft_type: int, forward: bool):

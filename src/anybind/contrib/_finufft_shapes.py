@@ -14,8 +14,8 @@ share points; ``BroadcastIndex.unflatten`` puts the result's axes back.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np

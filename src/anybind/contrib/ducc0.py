@@ -7,7 +7,7 @@ Every name here is an ``ab.Op`` with example inputs, so ``ab.check(op)`` and
 op                             maps                                        derivatives
 =============================  ==========================================  ===============
 c2c, r2c, c2r, hartley         ducc0.fft over ``axes``                      linear, any order
-healpix_synthesis / _adjoint   packed real a_lm ↔ HEALPix maps              linear, any order
+healpix_(adjoint_)synthesis    packed real a_lm ↔ HEALPix maps              linear, any order
 nu2u, u2nu                     NUFFT type 1 / type 2                        values and points,
                                                                             any order; linear
                                                                             in the values
@@ -37,8 +37,14 @@ require("ducc0", "anybind.contrib.ducc0")
 from ._ducc0_fft import c2c, c2r, hartley, r2c  # noqa: E402
 from ._ducc0_nufft import nu2u, u2nu  # noqa: E402
 from ._ducc0_nufft3 import nu2nu  # noqa: E402
-from ._ducc0_sht import (alm2realalm, healpix_adjoint_synthesis, healpix_synthesis,  # noqa: E402
-                         n_real_alm, nalm, realalm2alm)
+from ._ducc0_sht import (  # noqa: E402
+                         alm2realalm,
+                         healpix_adjoint_synthesis,
+                         healpix_synthesis,
+                         n_real_alm,
+                         nalm,
+                         realalm2alm,
+)
 from ._ducc0_wgridder import dirty2vis, vis2dirty  # noqa: E402
 
 __all__ = ["c2c", "r2c", "c2r", "hartley", "healpix_synthesis", "healpix_adjoint_synthesis",

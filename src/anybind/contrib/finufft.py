@@ -30,11 +30,19 @@ on a GPU the transforms run on the host.
 """
 from __future__ import annotations
 
-from . import _finufft_options as options
-from . import require
+from . import _finufft_options as options, require
 from ._finufft_ops import nufft1, nufft2, nufft3
-from ._finufft_options import (DebugLevel, FftwFlags, GpuDebugLevel, GpuMethod, NestedOpts,
-                               Opts, SpreadSort, SpreadThread, unpack_opts)
+from ._finufft_options import (
+    DebugLevel,
+    FftwFlags,
+    GpuDebugLevel,
+    GpuMethod,
+    NestedOpts,
+    Opts,
+    SpreadSort,
+    SpreadThread,
+    unpack_opts,
+)
 from ._finufft_plan import Plan, Plan3
 
 require("ducc0", "anybind.contrib.finufft")
