@@ -27,11 +27,10 @@ import argparse
 import json
 import sys
 
-import run  # noqa: F401  (imports jax, x64 on)
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+import run  # noqa: F401  (imports jax, x64 on)
 
 import anybind as ab
 

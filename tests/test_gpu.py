@@ -1,5 +1,6 @@
-"""Ops in programs compiled for a GPU (``routes._gpu_host``, ``routes._gpu_device``): host code with transfers, device code
-on XLA's buffers, and the host fallback of device code on the CPU.
+"""Ops in programs compiled for a GPU (``routes._gpu_host``, ``routes._gpu_device``): host
+code with transfers, device code on XLA's buffers, and the host fallback of device code on
+the CPU.
 
 Without a GPU, programs are lowered for CUDA (JAX lowers for any platform), and
 both GPU routes run on the CPU through the CPU versions of the same XLA callbacks

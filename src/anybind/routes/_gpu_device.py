@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import jax.ffi
 import numpy as np
