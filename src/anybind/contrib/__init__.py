@@ -3,6 +3,9 @@
 - ``anybind.contrib.ducc0``: FFTs (c2c, r2c, c2r, Hartley), spherical harmonic
   synthesis on HEALPix, the non-uniform FFT (types 1 and 2) and the
   radio-interferometric wgridder, all from ducc0.
+- ``anybind.contrib.finufft``: a drop-in for jax-finufft (``nufft1``, ``nufft2``,
+  ``nufft3``, ``Opts``, ``NestedOpts``) on ducc0's NUFFT, with plans for fixed
+  points (``Plan``, ``Plan3``).
 - ``anybind.contrib.scipy``: special functions with derivatives of every order
   (``gammaln``, ``digamma``, ``polygamma``, ``erfcx``, Bessel ``jv``, ``yv``,
   ``iv``, ``kv``) and a sparse linear solve differentiable in the matrix and
@@ -14,14 +17,14 @@ library when it is itself imported, and says which extra to install
 
 >>> import anybind.contrib
 >>> sorted(anybind.contrib.SUBMODULES)
-['ducc0', 'scipy']
+['ducc0', 'finufft', 'scipy']
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-SUBMODULES = ("ducc0", "scipy")
+SUBMODULES = ("ducc0", "finufft", "scipy")
 __all__ = ["SUBMODULES", "require"]
 
 
