@@ -33,7 +33,7 @@ def rst_tables(text: str) -> str:
             continue
         spans = [m.span() for m in re.finditer(r"=+", lines[i])]
 
-        def cells(line: str) -> list[str]:
+        def cells(line: str, spans=spans) -> list[str]:
             return [line[a:(spans[k + 1][0] if k + 1 < len(spans) else None)].strip()
                     .replace("|", "\\|") for k, (a, _) in enumerate(spans)]
 

@@ -178,6 +178,8 @@ def run_page(page: Path, workdir: Path) -> None:
 if __name__ != "__main__":
     import pytest
 
+    pytestmark = pytest.mark.slow  # runs every docs page, in processes of their own
+
     def _page_id(page: Path) -> str:
         rel = page.relative_to(ROOT).as_posix()
         torch = any("torch" in (b.marker("requires") or []) for b in blocks(page))
@@ -188,7 +190,7 @@ if __name__ != "__main__":
 
     @pytest.mark.parametrize("page", _RUNNABLE, ids=_page_id)
     def test_page_runs(page: Path, tmp_path: Path) -> None:
-        import anybind   # the pages run against the same anybind as this process
+        import anybind  # the pages run against the same anybind as this process
         where = str(Path(anybind.__file__).resolve().parent.parent)
         env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(
             p for p in [where, os.environ.get("PYTHONPATH", "")] if p))
@@ -239,11 +241,13 @@ if __name__ != "__main__":
     def test_api_reference_examples_run(name: str) -> None:
         """The examples in the docstrings, which the API reference shows, run as shown."""
         import doctest
+
         import jax
         obj = dict(_api_objects())[name]
         doc = obj.__doc__
         assert doc and ">>>" in doc, f"ab.{name}'s docstring shows no example"
-        if re.search(r">>> (import|from) .*\btorch\b", doc) and not importlib.util.find_spec("torch"):
+        needs_torch = re.search(r">>> (import|from) .*\btorch\b", doc)
+        if needs_torch and not importlib.util.find_spec("torch"):
             pytest.skip(f"ab.{name}'s example needs torch, not installed")
         test = doctest.DocTestParser().get_doctest(doc, {}, name, None, 0)
         with jax.enable_x64(False):   # the examples show JAX's default dtypes
