@@ -41,7 +41,7 @@ from .. import _api
 from ..core import _closures, _sharding
 from ..core._jax import ShapedArray
 from ..core._op import core_of
-from ..core._spec import infer_outputs
+from ..core._spec import infer_outputs, is_float
 from . import _jax_engine, _torch, _torch_engine
 from ._front import TorchOp
 
@@ -83,21 +83,35 @@ BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
                shard: str | None = None, replicated: tuple[str, ...] = (),
-               examples: Callable[[], tuple] | None = None) -> _api.Op:
+               examples: Callable[[], tuple] | None = None,
+               return_state: bool = False) -> _api.Op:
     """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
 
     Args:
       fn: a function that takes and returns torch tensors (in pytrees), or an
         ``nn.Module``: the op is then called as ``op(params, *inputs)``, with
         ``params`` a dict from the names in ``module.state_dict()`` to arrays, and
-        runs ``torch.func.functional_call``; gradients flow to ``params``.
+        runs ``torch.func.functional_call``; gradients flow to the parameters,
+        never to the buffers (a batch norm's running statistics). Of tied names,
+        the first given is used.
       shape: the output spec, as for ``ab.bind``; by default torch's fake tensors
-        infer it (no data is touched).
+        infer it (no data is touched), or, where they cannot run the function
+        (``.item()``, a module made inside), one run on example inputs.
       name: the primitive's name; by default the function's (or module class's).
       vmap: how ``jax.vmap`` batches it: ``None`` (``torch.vmap``, one call per
         batch), ``"sequential"``, ``"vectorized"``, or a rule
         ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)`` on tensors.
       shard, replicated, examples: as for ``ab.bind``.
+      return_state: for a module: the op returns ``(out, state)``, ``state`` the
+        buffers after the call, so that a module in train mode (a batch norm
+        updating its running statistics) trains functionally.
+
+    No torch code changes a JAX array: an input the function writes into (found
+    by running it once on fake tensors) is handed to it as a private copy, so
+    ``x.add_(1)`` acts as ``x + 1`` (torch2jax's out-of-place semantics); other
+    inputs are views, with no copy. Random draws: each derivative of a call
+    starts from torch's RNG state that the call started from, so a dropout's
+    gradient uses the mask of its value.
 
     On the CPU, ``fn`` runs on tensors over XLA's own buffers (no copy), and
     its results are written into XLA's output buffers. In a program for a GPU it
@@ -126,7 +140,10 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     if isinstance(fn, TorchOp):
         return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
     if isinstance(fn, torch.nn.Module):
-        fn = _module_function(fn)
+        fn = _module_function(fn, return_state)
+    elif return_state:
+        raise TypeError(f"ab.from_torch: return_state=True is for an nn.Module (its buffers "
+                        f"after the call), got {type(fn).__name__}")
     if not callable(fn):
         raise TypeError(f"ab.from_torch expects a function of torch tensors or an "
                         f"nn.Module, got {type(fn).__name__}")
@@ -185,11 +202,14 @@ def _make_jax_bridge(core) -> TorchOp:
 # ------------------------------------------------------------------ the bridge
 
 def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=None,
-           replicated=(), examples=None) -> _api.Op:
-    """An op running ``fn`` by ``engine``, with rules from the engine's transforms."""
+           replicated=(), examples=None, parent=None) -> _api.Op:
+    """An op running ``fn`` by ``engine``, with rules from the engine's transforms;
+    ``parent``: the ``Bridge`` whose function's derivative ``fn`` is."""
     opts = dict(shape=shape, name=name, shard=shard, replicated=replicated, examples=examples,
                 vmap=vmap if vmap in ("sequential", "vectorized") else None)
     host = engine.host(fn, name)
+    if parent is not None and engine.native:  # its random draws are its root's
+        host.root, host.depth = parent.host.root, parent.host.depth + 1
     if engine.device is not None:
         handle = _api.bind(engine.device(fn, name), device=True, host=host, **opts)
     else:
@@ -205,6 +225,7 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
             handle.def_vmap(engine.vmap(fn, name), **kw)
         core.declare_vmap("sequential")  # for host rules the user adds
     b = BRIDGES[core] = Bridge(engine, fn, vmap)
+    b.host = host
     handle.def_jvp(_rule(core, "jvp"), traced=True)
     handle.def_vjp(_rule(core, "vjp"), traced=True)
     b.version = core.version  # op.torch is the torch code itself until a rule changes
@@ -236,7 +257,7 @@ def derived(core, kind: str):
         vmap = b.vmap if b.vmap in ("sequential", "vectorized") else None
         shard = Shard(core, kind) if core.shard is not None else None
         h = bridge(b.engine, fn, name=f"{core.name}_{kind}", shape=Spec(core, kind),
-                   vmap=vmap, shard=shard)
+                   vmap=vmap, shard=shard, parent=b)
         made = b.derived.setdefault(kind, core_of(h))
     return made
 
@@ -275,19 +296,36 @@ class FakeSpec:
     def __call__(self, *args, **kw):
         try:
             with _torch.FakeTensorMode(allow_non_fake_inputs=True):
-                a, k = tree_util.tree_map(
-                    lambda s: torch.empty(s.shape, dtype=_torch_dtype(s.dtype))
-                    if isinstance(s, jax.ShapeDtypeStruct) else s, (args, kw))
-                out = self.fn(*a, **k)
-                return tree_util.tree_map(
-                    lambda t: jax.ShapeDtypeStruct(tuple(t.shape), _np_dtype(t))
-                    if isinstance(t, torch.Tensor) else t, out)
+                return self._spec(args, kw, torch.empty)
+        except _torch.DynamicOutputShapeException as e:  # the shape depends on the data
+            raise self._error(e) from None
+        except Exception:  # noqa: BLE001  (.item(), a module made inside: real inputs)
+            pass
+        try:  # as wrap-torch2jax does: one run on example inputs, ones
+            state = torch.get_rng_state()
+            try:
+                with torch.no_grad():
+                    return self._spec(args, kw, torch.ones)
+            finally:
+                torch.set_rng_state(state)
         except Exception as e:
-            raise TypeError(
-                f"anybind op '{self.name}': with shape=None the output spec comes from running "
-                f"the torch function on fake tensors, which failed ({type(e).__name__}: {e}). "
-                f"Give shape= to ab.from_torch (ab.like(i), a jax.ShapeDtypeStruct pytree, or a "
-                f"callable of the inputs' ShapeDtypeStructs)") from None
+            raise self._error(e) from None
+
+    def _spec(self, args, kw, make):
+        a, k = tree_util.tree_map(
+            lambda s: make(s.shape, dtype=_torch_dtype(s.dtype))
+            if isinstance(s, jax.ShapeDtypeStruct) else s, (args, kw))
+        out = _torch_engine.plain_tree(self.fn(*a, **k))
+        return tree_util.tree_map(
+            lambda t: jax.ShapeDtypeStruct(tuple(t.shape), _np_dtype(t))
+            if isinstance(t, torch.Tensor) else t, out)
+
+    def _error(self, e: Exception) -> TypeError:
+        return TypeError(
+            f"anybind op '{self.name}': with shape=None the output spec comes from running "
+            f"the torch function on fake tensors (or, where those fail, on example inputs), "
+            f"which failed ({type(e).__name__}: {e}). Give shape= to ab.from_torch (ab.like(i), "
+            f"a jax.ShapeDtypeStruct pytree, or a callable of the inputs' ShapeDtypeStructs)")
 
 
 class EvalShape:
@@ -317,7 +355,7 @@ def _parent_call(core, primals, kw):
 
 
 def _float_or_none(s):
-    return s if np.dtype(s.dtype).kind in "fc" else None
+    return s if is_float(s) else None
 
 
 class Spec:
@@ -375,11 +413,33 @@ class Shard:
 
 # ------------------------------------------------------------------- helpers
 
-def _module_function(module: torch.nn.Module) -> Callable:
-    """``(params, *inputs, **kw) -> module(*inputs, **kw)`` with ``params`` swapped in."""
+def _module_function(module: torch.nn.Module, return_state: bool) -> Callable:
+    """``(params, *inputs, **kw) -> module(*inputs, **kw)`` with ``params`` swapped in.
+
+    Buffers (a batch norm's running statistics) are never differentiated: they go
+    in detached. Of tied names (one parameter under two names in ``state_dict``),
+    the first given is used. With ``return_state``, the result is ``(out, state)``:
+    the buffers after the call (what a module in train mode updates), from copies.
+    """
+    names = dict(module.named_parameters(remove_duplicate=False))
+    names.update(module.named_buffers(remove_duplicate=False))
+    first: dict = {}  # id of a parameter -> its first name
+    tied = {n: first.setdefault(id(t), n) for n, t in names.items()}
+    buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
+
     def call_module(params, *inputs, **kw):
-        return torch.func.functional_call(module, params, inputs, kw)
+        given, state = {}, {}
+        for n, v in params.items():
+            main = tied.get(n, n)
+            if main in given:
+                continue
+            if n in buffers:
+                v = v.detach()
+                if return_state:
+                    v = state[n] = v.clone()
+            given[main] = v
+        out = torch.func.functional_call(module, given, inputs, kw, tie_weights=True)
+        return (out, state) if return_state else out
     call_module.__name__ = type(module).__name__
     call_module.module = module
     return call_module
-

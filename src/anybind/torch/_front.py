@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import tree_util
@@ -49,7 +50,7 @@ from ..core._batching import declared_out_batched
 from ..core._code import is_compiled
 from ..core._errors import HostError, MissingRuleError
 from ..core._jax import ShapedArray
-from ..core._spec import Batch, Call, split_kwargs
+from ..core._spec import Batch, Call, is_float, split_kwargs
 from ..core.roles import (
     Layout,
     _primal,
@@ -72,7 +73,23 @@ _TORCH_TO_NP = {t: np.dtype(n) for t, n in [
     (torch.complex64, "complex64"), (torch.complex128, "complex128"),
     (torch.int8, "int8"), (torch.int16, "int16"), (torch.int32, "int32"),
     (torch.int64, "int64"), (torch.uint8, "uint8"), (torch.bool, "bool")]}
+_BF16 = np.dtype(jnp.bfloat16)  # ml_dtypes' bfloat16, which NumPy views as int16 bits
+_TORCH_TO_NP[torch.bfloat16] = _BF16
 _NP_TO_TORCH = {n: t for t, n in _TORCH_TO_NP.items()}
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """``t.numpy()``, bfloat16 included."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_BF16)
+    return t.numpy()
+
+
+def _from_numpy(a: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy(a)``, bfloat16 included."""
+    if a.dtype == _BF16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 def np_dtype(op_name: str, t: torch.Tensor, what: str) -> np.dtype:
@@ -133,7 +150,7 @@ class Node:
         self.dtypes = [torch_dtype(op.name, a.dtype) for a in self.avals]
         # differentiable outputs: floating ones, never the residuals of a fwd rule
         n_res = len(call.res_avals) if role == "fwd" else 0
-        self.float_out = [a.dtype.kind in "fc" for a in self.avals[:len(self.avals) - n_res]] \
+        self.float_out = [is_float(a) for a in self.avals[:len(self.avals) - n_res]] \
             + [False] * n_res
         self._runner = self._run = None
         self._out_batched = None  # a traced vmap rule's out_batched, once it has run
@@ -221,7 +238,7 @@ class Node:
                 outs = self._run_unbatched(ins)
             else:
                 outs = [torch.empty(s, dtype=d) for s, d in zip(self.shapes, self.dtypes)]
-                self.host_runner()(ins, [o.numpy() for o in outs])
+                self.host_runner()(ins, [_numpy(o) for o in outs])
         except HostError:
             raise
         except Exception as e:
@@ -251,14 +268,14 @@ class Node:
                 r = _host._as_result(self.call, f"the {self.name}'s {self.names[j]}", r,
                                          self.avals[j], shape, False)
             if r.flags.owndata and r.flags.writeable and sys.getrefcount(r) <= _FRESH:
-                outs.append(torch.from_numpy(r))
+                outs.append(_from_numpy(r))
             else:
-                outs.append(torch.from_numpy(np.array(r)))
+                outs.append(_from_numpy(np.array(r)))
         return outs
 
     def _run_inplace(self, ins) -> list:
         outs = [torch.empty(s, dtype=d) for s, d in zip(self.shapes, self.dtypes)]
-        self.host_runner()(ins, [o.numpy() for o in outs])
+        self.host_runner()(ins, [_numpy(o) for o in outs])
         return outs
 
     def run_traced(self, ops: Sequence[torch.Tensor]) -> list:
@@ -345,7 +362,7 @@ def _np_view(t: torch.Tensor) -> np.ndarray:
         t = t.cpu()
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    v = t.numpy()
+    v = _numpy(t)
     v.flags.writeable = False
     return v
 
@@ -716,7 +733,7 @@ def _operand(op, x, what: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x
     if isinstance(x, (np.ndarray, np.generic)):
-        return torch.from_numpy(np.array(x))
+        return _from_numpy(np.array(x))
     if isinstance(x, (bool, int, float, complex)):
         return torch.tensor(x)
     raise TypeError(f"anybind op '{op.name}': under op.torch, {what} must be a torch tensor, "

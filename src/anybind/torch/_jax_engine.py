@@ -24,7 +24,7 @@ import torch
 from jax import tree_util
 
 from ._front import _np_view
-from ._torch_engine import over, split_static, view_tensor
+from ._torch_engine import _BF16, as_tensor, over, split_static, view_tensor
 
 _F0 = jax.dtypes.float0
 
@@ -107,7 +107,8 @@ class JaxHost:
                     outs = f(*[_np_view(t) for t in ops])
                 # a NumPy view of each result, then DLPack: no copy, several times
                 # cheaper than DLPack of the jax.Array (which waits on its own)
-                res = [view_tensor(np.asarray(o)) for o in outs]
+                res = [view_tensor(a) if a.dtype != _BF16 else as_tensor(a)
+                       for a in map(np.asarray, outs)]
             else:  # device tensors: the results stay on the device
                 with x64(True):
                     outs = f(*[t if t.is_cpu else _jax_view(t) for t in ops])

@@ -24,6 +24,7 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 from torch._functorch import eager_transforms as _eager, pyfunctorch as _pyfunctorch
 from torch._subclasses import fake_tensor as _fake_tensor
+from torch.utils import _python_dispatch
 
 _C = torch._C
 _F = torch._C._functorch
@@ -80,6 +81,13 @@ from_dlpack_capsule = _C._from_dlpack                # a DLPack capsule, uncheck
 # -------------------------------------------------------------- fake tensors
 FakeTensorMode = _fake_tensor.FakeTensorMode  # tensors with shapes and no data (2.0)
 is_fake = _fake_tensor.is_fake                # a fake tensor, under torch.compile (2.0)
+DynamicOutputShapeException = _fake_tensor.DynamicOutputShapeException  # nonzero & co (2.0)
+TorchDispatchMode = _python_dispatch.TorchDispatchMode  # sees every aten op run (2.0)
+
+
+def schema_of(op):
+    """An aten op's schema: its arguments and what each writes (``OpOverload._schema``, 2.0)."""
+    return op._schema
 
 
 # --------------------------------------------------------------------- dynamo

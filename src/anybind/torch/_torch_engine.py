@@ -38,7 +38,7 @@ from jax import tree_util
 from torch.autograd import forward_ad
 
 from ..core._errors import HostError
-from . import _torch
+from . import _effects, _torch
 
 # ----------------------------------------------------------- arrays across
 
@@ -119,33 +119,115 @@ def over(tree, fn):
 class TorchHost:
     """A torch function as host code: tensors over NumPy views, NumPy arrays out.
 
-    Inputs are XLA's buffers: the function must not write into them. A tensor
-    whose version counter moved (an in-place update, such as a BatchNorm's
-    running statistics in training mode) is reported as an error.
+    Inputs are XLA's buffers, which no code may change: an input leaf that the
+    function writes into (``_effects``, found once per call signature) is handed
+    to it as a private copy, the others as views with no copy. A function that
+    draws random numbers starts each derivative of a call from the RNG state
+    that call started from (``_effects.Draws``). ``depth`` counts derivatives:
+    a derived function's first argument holds its parent's arguments.
     """
 
     def __init__(self, fn: Callable, name: str):
         self.fn, self.__name__ = fn, name
+        self.root, self.depth = self, 0
+        self._effects: dict = {}
 
     def __repr__(self) -> str:
         return f"<torch code of {self.__name__}>"
 
     def __call__(self, *args, **kw):
         if not kw and all(type(a) is np.ndarray for a in args):  # the common case
-            ts = [as_tensor(a) for a in args]
-            out = self.fn(*ts)
+            key = tuple([(a.shape, a.dtype) for a in args])
+            eff = self._effects.get(key)
+            if eff is None:
+                eff = self._effects[key] = _effects.effects(self.fn, list(args),
+                                                            lambda ls: (ls, {}))
+            if eff is _effects.NONE:
+                ts = [as_tensor(a) for a in args]
+                out = self.fn(*ts)
+                _untouched(self.__name__, ts)
+                return _as_numpy_tree(out)
+            ts = [_private(a) if eff.copies(i) else as_tensor(a) for i, a in enumerate(args)]
+            views = [t for i, t in enumerate(ts) if not eff.copies(i)]
+            run = lambda: self.fn(*ts)
         else:
-            ts = []
-            args, kw = over((args, kw), _collect(ts, as_tensor, (np.ndarray, np.generic)))
-            out = self.fn(*args, **kw)
-        _untouched(self.__name__, ts)
-        if isinstance(out, torch.Tensor):
-            return as_numpy(out)
-        return over(out, as_numpy)
+            leaves, tree = tree_util.tree_flatten((args, kw))
+            key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, np.ndarray) else a
+                                for a in leaves]))
+            try:
+                eff = self._effects.get(key)
+            except TypeError:  # an unhashable static keyword: not remembered
+                key, eff = None, None
+            if eff is None:
+                eff = _effects.effects(self.fn, leaves, lambda ls: tree.unflatten(ls))
+                if key is not None:
+                    self._effects[key] = eff
+            views, ts = [], []
+            for i, a in enumerate(leaves):
+                if isinstance(a, (np.ndarray, np.generic)):
+                    if eff.copies(i):
+                        a = _private(a)
+                    else:
+                        a = as_tensor(a)
+                        views.append(a)
+                ts.append(a)
+            a, k = tree.unflatten(ts)
+            run = lambda: self.fn(*a, **k)
+        out = self._drawn(run, args) if eff.random else run()
+        _untouched(self.__name__, views)
+        return _as_numpy_tree(out)
+
+    def _drawn(self, run: Callable, args: tuple):
+        """``run()`` with the random draws of the primal call these arguments belong to."""
+        primal = args
+        for _ in range(self.depth):
+            primal = primal[0]
+        key = (id(self.root), _effects.buffers(tree_util.tree_leaves(primal)))
+        if self.depth == 0:
+            _effects.DRAWS.record(key)
+            return run()
+        start = _effects.DRAWS.start(key)
+        if start is None:  # its primal call never ran (XLA dropped an unused value)
+            return run()
+        now = torch.get_rng_state()
+        torch.set_rng_state(start)
+        try:
+            return run()
+        finally:
+            torch.set_rng_state(now)
+
+
+def _private(a) -> torch.Tensor:
+    """A tensor over a writable copy of an input leaf: what the function writes stays here."""
+    return as_tensor(np.array(a))
+
+
+def _as_numpy_tree(out):
+    if isinstance(out, torch.Tensor):
+        return as_numpy(out)
+    return over(plain_tree(out), as_numpy)
+
+
+def plain_tree(out):
+    """``out`` with torch's structseqs (``torch.return_types.max``, ...) as tuples, which
+    JAX's pytrees know."""
+    if isinstance(out, tuple):
+        if type(out) is not tuple and not hasattr(out, "_fields"):  # a structseq
+            return tuple(plain_tree(o) for o in out)
+        if any(isinstance(o, (tuple, list, dict)) for o in out):
+            return type(out)(*map(plain_tree, out)) if hasattr(out, "_fields") \
+                else tuple(map(plain_tree, out))
+        return out
+    if isinstance(out, list):
+        return [plain_tree(o) for o in out]
+    if isinstance(out, dict):
+        return {k: plain_tree(v) for k, v in out.items()}
+    return out
 
 
 class TorchDevice(TorchHost):
-    """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``)."""
+    """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``).
+    (Inputs are copied only where the function writes; random draws are not replayed.)"""
 
     def __call__(self, *args, stream: int, **kw):
         if not torch.cuda.is_available():
@@ -155,11 +237,11 @@ class TorchDevice(TorchHost):
         import cupy
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
             ts = []
-            args, kw = over((args, kw), _collect(ts, torch.from_dlpack, cupy.ndarray))
+            args, kw = over((args, kw), _collect(ts, lambda a: torch.from_dlpack(a.copy()),
+                                                 cupy.ndarray))
             out = self.fn(*args, **kw)
-            _untouched(self.__name__, ts)
-            return over(out, lambda t: cupy.from_dlpack(t.detach())
-                         if isinstance(t, torch.Tensor) else t)
+            return over(plain_tree(out), lambda t: cupy.from_dlpack(t.detach())
+                        if isinstance(t, torch.Tensor) else t)
 
 
 def _collect(ts: list, convert: Callable, kinds) -> Callable:
@@ -173,22 +255,26 @@ def _collect(ts: list, convert: Callable, kinds) -> Callable:
 
 
 def _untouched(name: str, ts) -> None:
+    """A view whose version counter moved: a write that the fake run did not foresee."""
     for i, t in enumerate(ts):
         if _torch.version_of(t):
             raise HostError(
                 f"anybind op '{name}': the torch function wrote into its input leaf {i} "
-                f"({tuple(t.shape)}, {t.dtype}) in place; its inputs are XLA's buffers, which "
-                f"are immutable. Compute out of place (for a module: call .eval() to stop "
-                f"BatchNorm-like layers updating their statistics)")
+                f"({tuple(t.shape)}, {t.dtype}) in place, which running it on fake tensors "
+                f"did not show (a write that depends on the data?); its inputs are XLA's "
+                f"buffers, which are immutable. Compute out of place")
 
 
 def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
-    """g(*v): fn with the leaves at ``idx`` replaced by v, its floating output leaves."""
+    """g(*v): fn with the leaves at ``idx`` replaced by v, its floating output leaves.
+    With ``seen["clone"]`` set, fn gets copies of v (for code that writes into its inputs,
+    which autograd refuses on the inputs themselves)."""
     def g(*vs):
         full = list(leaves)
+        clone = seen.get("clone", False)
         for i, v in zip(idx, vs):
-            full[i] = v
-        outs, seen["tree"] = tree_util.tree_flatten(fn(*tree.unflatten(full), **kw))
+            full[i] = v.clone() if clone else v
+        outs, seen["tree"] = tree_util.tree_flatten(plain_tree(fn(*tree.unflatten(full), **kw)))
         seen["float"] = [_is_float(o) for o in outs]
         return tuple(o for o, f in zip(outs, seen["float"]) if f)
     return g
@@ -214,35 +300,65 @@ def _plain(fn, ts) -> bool:
                 or any(t.requires_grad for t in ts))
 
 
-def _tangents(fn, g, xs, ts) -> tuple:
+def _tangents(fn, g, xs, ts, seen: dict) -> tuple:
     """The tangents of g's outputs at xs along ts (g: fn on some of its leaves)."""
     if _plain(fn, [*xs, *ts]):
         try:
-            with forward_ad.dual_level():
-                outs = g(*[forward_ad.make_dual(x, t) for x, t in zip(xs, ts)])
-                dual = [forward_ad.unpack_dual(o) for o in outs]
-            return tuple(torch.zeros_like(d.primal) if d.tangent is None else d.tangent
-                         for d in dual)
+            return _by_forward_ad(g, xs, ts)
         except RuntimeError:  # code that takes torch.func transforms itself
             pass
-    return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
+    try:
+        return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
+    except RuntimeError:
+        # what torch.func cannot transform: an autograd.Function without setup_context,
+        # a write into an input; plain forward AD, on copies, where no level is open
+        if _torch.dual_level() >= 0 or _torch.transforms_active():
+            raise
+        seen["clone"] = True
+        return _by_forward_ad(g, xs, ts)
 
 
-def _cotangents(fn, g, xs, cts_of: Callable) -> tuple:
+def _by_forward_ad(g, xs, ts) -> tuple:
+    with forward_ad.dual_level():
+        outs = g(*[forward_ad.make_dual(x, t) for x, t in zip(xs, ts)])
+        dual = [forward_ad.unpack_dual(o) for o in outs]
+    return tuple(torch.zeros_like(d.primal) if d.tangent is None else d.tangent
+                 for d in dual)
+
+
+def _cotangents(fn, g, xs, cts_of: Callable, seen: dict) -> tuple:
     """The cotangents of xs (torch's convention) for g's outputs' ``cts_of()``."""
     if _plain(fn, xs):
         try:
-            with torch.enable_grad():
-                vs = [x.detach().requires_grad_() for x in xs]
-                outs = g(*vs)
-                used = [(o, c) for o, c in zip(outs, cts_of()) if o.requires_grad]
-                got = torch.autograd.grad([o for o, _ in used], vs, [c for _, c in used],
-                                          allow_unused=True) if used else [None] * len(vs)
-            return tuple(torch.zeros_like(x) if c is None else c for x, c in zip(xs, got))
+            return _by_autograd(g, xs, cts_of)
         except RuntimeError:  # code that takes torch.func transforms itself
             pass
-    _, pullback = torch.func.vjp(g, *xs)
-    return pullback(cts_of())
+    try:
+        _, pullback = torch.func.vjp(g, *xs)
+        return pullback(cts_of())
+    except RuntimeError:
+        # what torch.func cannot transform: an autograd.Function without setup_context
+        # (whose second derivatives plain autograd takes, as torch's double backward), a
+        # write into an input; plain autograd, on copies, keeping the graph where an
+        # outer plain autograd differentiates this
+        if _torch.transforms_active():
+            raise
+        seen["clone"] = True
+        return _by_autograd(g, xs, cts_of)
+
+
+def _by_autograd(g, xs, cts_of: Callable) -> tuple:
+    with torch.enable_grad():
+        vs = [x if x.requires_grad else x.detach().requires_grad_() for x in xs]
+        outs = g(*vs)
+        cts = cts_of()
+        used = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
+        keep = any(x.requires_grad for x in xs) or any(
+            c is not None and c.requires_grad for c in cts)
+        got = torch.autograd.grad([o for o, _ in used], vs, [c for _, c in used],
+                                  allow_unused=True, create_graph=keep) \
+            if used else [None] * len(vs)
+    return tuple(torch.zeros_like(x) if c is None else c for x, c in zip(xs, got))
 
 
 def torch_jvp_of(fn: Callable) -> Callable:
@@ -255,7 +371,7 @@ def torch_jvp_of(fn: Callable) -> Callable:
         g = _float_outputs(fn, leaves, tree, idx, kw, seen)
         if idx:
             with _FORWARD_AD:
-                touts = _tangents(fn, g, [leaves[i] for i in idx], [tans[i] for i in idx])
+                touts = _tangents(fn, g, [leaves[i] for i in idx], [tans[i] for i in idx], seen)
         else:
             touts = tuple(torch.zeros_like(o) for o in g())
         it = iter(touts)
@@ -277,7 +393,7 @@ def torch_vjp_of(fn: Callable) -> Callable:
             def cts_of():
                 cts = seen["tree"].flatten_up_to(ct)
                 return tuple(_conj(c) for c, f in zip(cts, seen["float"]) if f)
-            got = _cotangents(fn, g, [leaves[i] for i in idx], cts_of)
+            got = _cotangents(fn, g, [leaves[i] for i in idx], cts_of, seen)
             for i, c in zip(idx, got):
                 full[i] = _conj(c)
         return tuple(tree.unflatten(full))
@@ -305,7 +421,7 @@ class TorchVmap:
 
         def g(*ls):
             a, k = tree.unflatten(ls)
-            outs, seen["tree"] = tree_util.tree_flatten(fn(*a, **k, **static))
+            outs, seen["tree"] = tree_util.tree_flatten(plain_tree(fn(*a, **k, **static)))
             return tuple(outs)
         outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags))(*leaves)
         return seen["tree"].unflatten(list(outs)), True
