@@ -217,10 +217,16 @@ if __name__ != "__main__":
             assert page.relative_to(ROOT / "docs").as_posix() in nav, page
 
     def test_every_public_name_is_in_the_api_reference() -> None:
-        """docs/reference/api.md documents each name of ``anybind.__all__``."""
+        """docs/reference/api.md documents each name of ``anybind.__all__``.
+
+        A name is entered as ``::: anybind.NAME``, or, where that path is a module
+        (``anybind.check``, the package, shadowed by the function), as the object's
+        own path with the option ``heading: anybind.NAME``.
+        """
         import anybind
         api = (ROOT / "docs" / "reference" / "api.md").read_text()
-        missing = [n for n in anybind.__all__ if f"::: anybind.{n}\n" not in api]
+        missing = [n for n in anybind.__all__
+                   if f"::: anybind.{n}\n" not in api and f"heading: anybind.{n}\n" not in api]
         assert not missing, f"add '::: anybind.NAME' to docs/reference/api.md for {missing}"
 
     def _api_objects():
