@@ -23,7 +23,8 @@ The rules are JAX code calling the two ops, so derivatives of every order
 follow. Leading axes of the values share the points and go to ducc0 in one
 call (``ntrans``); the D+1 transforms of a derivative are one call too, and so
 is ``vmap`` when the points are not batched. ducc0 writes every result straight
-into XLA's buffer (``out=True``, ducc0's ``out=``).
+into XLA's buffer (``out=True``, ducc0's ``out=``), except single precision
+below ducc0's single-precision limit, computed in double and rounded into it.
 """
 from __future__ import annotations
 
@@ -298,11 +299,14 @@ def _u2nu_vjp(primals, ct, *, needs, **kw):
 nu2u.__doc__ = """Type 1 NUFFT (non-uniform points ↦ uniform grid), ducc0.nufft.nu2u.
 
 ``nu2u(values, coord, *, n_modes, forward=True, epsilon=None, nthreads=1,
-periodicity=2π, fft_order=False)``: ``values`` complex (..., M) at points
-``coord`` (M, D) of the same precision; returns (..., *n_modes). ``epsilon``
-defaults to 1e-10 (double) or 1e-5 (single). Differentiable in both arguments
-to every order; linear in ``values``, where ``jax.linear_transpose`` gives
-``u2nu`` with the same sign.
+periodicity=2π, fft_order=False, reverse_options=())``: ``values`` complex
+(..., M) at points ``coord`` (M, D) of the same precision; returns (...,
+*n_modes). ``epsilon`` defaults to 1e-10 (double) or 1e-5 (single); single
+precision below ducc0's single-precision limit runs in double and is rounded.
+Other ducc0 keywords (``sigma_min``, ``sigma_max``, ``verbosity``) pass
+through; ``reverse_options`` are pairs of ducc0 keywords for the transforms
+reverse mode runs. Differentiable in both arguments to every order; linear in
+``values``, where ``jax.linear_transpose`` gives ``u2nu`` with the same sign.
 
 >>> import numpy as np
 >>> from anybind.contrib.ducc0 import nu2u
@@ -314,10 +318,11 @@ True
 u2nu.__doc__ = """Type 2 NUFFT (uniform grid ↦ non-uniform points), ducc0.nufft.u2nu.
 
 ``u2nu(grid, coord, *, forward=True, epsilon=None, nthreads=1, periodicity=2π,
-fft_order=False)``: ``grid`` complex (..., *modes), D = coord.shape[1] trailing
-axes; ``coord`` (M, D); returns (..., M). Differentiable in both arguments to
-every order; linear in ``grid``, where ``jax.linear_transpose`` gives ``nu2u``
-with the same sign.
+fft_order=False, reverse_options=())``: ``grid`` complex (..., *modes), D =
+coord.shape[1] trailing axes; ``coord`` (M, D); returns (..., M). Keywords
+and precision as for ``nu2u``. Differentiable in both arguments to every
+order; linear in ``grid``, where ``jax.linear_transpose`` gives ``nu2u`` with
+the same sign.
 
 >>> import numpy as np
 >>> from anybind.contrib.ducc0 import u2nu
