@@ -68,8 +68,9 @@ def test_a_base_exception_under_jit_names_the_op():
 # ------------------------------------------------------------------- bad API input
 
 def test_an_array_as_vmap_mode_is_a_clear_error():
-    with pytest.raises(ValueError, match="'vm': vmap must be 'sequential', 'vectorized' or a "
-                                         "rule, got array"):
+    with pytest.raises(ValueError, match=r"'vm': vmap must be one of \('sequential', "
+                                         r"'expand_dims', 'broadcast_all', 'vectorized'\) or a "
+                                         r"rule, got array"):
         ab.bind(np.sin, shape=ab.like(0), vmap=np.array([1, 2]), name="vm")
     op = ab.bind(np.sin, shape=ab.like(0), name="vm_rule")
     with pytest.raises(ValueError, match="'vm_rule': def_vjp's vmap must be"):
@@ -96,6 +97,7 @@ def test_vmap_past_numpys_rank_limit_is_a_clear_error():
         jax.vmap(add, in_axes=(None, 0))(x, jnp.zeros((2,) + (1,) * 63))
 
 
+@pytest.mark.slow  # starts a process
 def test_the_cli_names_a_bad_target():
     res = subprocess.run([sys.executable, "-m", "anybind", "check", ""],
                          capture_output=True, text=True, timeout=600)
