@@ -273,3 +273,73 @@ def test_the_slow_host_path_says_so_once():
     out = _ok(run_fresh_python(_NO_HANDLER))
     assert out.count("Python FFI handler (anybind.routes._pycall) was not built") == 1, out
     assert "buffer callback, at about twice the cost per call" in out
+
+
+# ------------------------------------------------- C4, C5: concurrency; D6: bounded caches
+
+def test_setting_a_rule_while_calls_run_never_fails_a_call():
+    import threading
+    op = ab.bind(lambda x: x * 2, shape=ab.like(0), name="swapped")
+    op.def_vjp(lambda p, ct: (2 * ct,))
+    grads = {"eager": jax.grad(lambda x: op(x).sum())}
+    grads["jit"] = jax.jit(grads["eager"])
+    errors, results, stop = [], [], threading.Event()
+
+    def work(g):
+        while not stop.is_set():
+            try:
+                results.append(float(np.asarray(g(jnp.ones(3)))[0]))
+            except Exception as e:  # noqa: BLE001  (any failure is the finding)
+                errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(grads[k],)) for k in ("eager", "jit") * 2]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(40):
+            op.def_vjp(lambda p, ct, k=2 + i % 2: (k * ct,))  # the old rule, or the new one
+            stop.wait(0.005)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert results and set(results) <= {2.0, 3.0}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_host_code_that_calls_jax_from_many_threads_gets_no_false_alarm(route, monkeypatch):
+    import threading
+    monkeypatch.setattr(_pyffi, "enabled", ROUTES[route])
+    cos = jax.jit(jnp.cos)
+    op = ab.bind(lambda x: np.asarray(cos(x)) + np.asarray(jnp.sin(x)), shape=ab.like(0),
+                 name="calls_jax")
+    f, errors = jax.jit(op), []
+
+    def work():
+        for i in range(25):
+            try:
+                x = jnp.full(1000, float(i))
+                np.testing.assert_allclose(f(x), np.cos(x) + np.sin(x), rtol=1e-12)
+                op(x[:10])
+            except Exception as e:  # noqa: BLE001
+                errors.append(str(e)[:300])
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_static_keywords_that_equal_no_earlier_one_keep_the_caches_bounded(monkeypatch):
+    from anybind.core import _lifetime, _op
+    monkeypatch.setattr(_lifetime, "MAX_PROGRAMS", 4)
+    monkeypatch.setattr(_op, "MAX_CALLS", 6)
+    op = ab.bind(lambda x, k: x * 2, shape=ab.like(0), name="statics")
+    core = _op.core_of(op)
+    for i in range(12):  # compared by identity, or unequal to itself: a new signature each
+        k = float("nan") if i % 2 else object()
+        np.testing.assert_array_equal(op(jnp.ones(3), k=k), 2 * np.ones(3))
+        assert len(core._calls) <= 6 and len(core._family.eager.programs) <= 4
+    assert len(core._calls) == 6 and len(core._family.eager.programs) == 4
+    np.testing.assert_array_equal(op(jnp.ones(3), k=3), 2 * np.ones(3))  # still works

@@ -165,3 +165,18 @@ def typed_aval(shape, dtype, sharding, axes) -> ShapedArray:
                            manual_axis_type=mat)  # type: ignore[arg-type]
     return ShapedArray(shape, dtype, sharding=sharding, vma=axes)  # type: ignore[call-arg]  # 0.7 – 0.9
 
+
+
+# ------------------------------------------------------------------- runtime
+def _collect_garbage():
+    try:
+        from jax._src.lib import _jax as _jaxlib
+    except ImportError:  # pragma: no cover
+        return lambda: None
+    return getattr(_jaxlib, "collect_garbage", lambda: None)
+
+
+# the Python objects jaxlib let go of without the GIL (a NumPy array a zero-copy
+# transfer held, say), released now; they are otherwise released at jaxlib's next
+# call that takes the GIL (jaxlib 0.4.x: xla_extension, 0.7: _jax)
+collect_garbage = _collect_garbage()

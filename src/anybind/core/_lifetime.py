@@ -43,23 +43,32 @@ from ._spec import Call
 _jax.weakref_cache_key_types.add(Call)
 
 _tokens = itertools.count()  # one per op, never reused: its identity in ``Call``
-# The eager cache whose program is being compiled in this thread (its owner), if any.
+# The list of bodies of the eager program being compiled in this thread, if any.
 _compiling_for: contextvars.ContextVar = contextvars.ContextVar("anybind_eager_owner",
                                                                 default=None)
+
+
+MAX_PROGRAMS = 128  # eager programs an op keeps, the oldest dropped first
 
 
 class EagerCache:
     """An op's compiled programs for eager calls, and the code they call.
 
     ``programs`` maps (primitive, parameters) to a jitted function of that one
-    application; ``kept`` holds the host callbacks' bodies that those
-    programs reach only through weak references.
+    application and the host callbacks' bodies that it reaches only through
+    weak references. At most ``MAX_PROGRAMS`` are kept: a static keyword that
+    equals no earlier one (an object compared by identity, a NaN) makes a new
+    program at every call, and the oldest goes. A call holds its program's
+    bodies while it runs, so that a rule set meanwhile (which clears the cache)
+    or an eviction never leaves a running program without them.
     """
 
     def __init__(self) -> None:
         self.token = next(_tokens)
         self.programs: dict = {}
-        self.kept: list = []
+
+    def clear(self) -> None:
+        self.programs.clear()
 
 
 def eager_impl(prim, *args, **params):
@@ -70,16 +79,21 @@ def eager_impl(prim, *args, **params):
     """
     cache = params["call"].op._family.eager
     key = (prim, *params.items())
-    fun = cache.programs.get(key)
+    entry = cache.programs.get(key)
     prev = _jax.disable_jit.swap_local(False)  # as jax's own apply_primitive
     try:
-        if fun is None:
-            fun = cache.programs[key] = _program(prim, params)
-            owner = _compiling_for.set(cache)  # the callbacks lowered now are the cache's
+        if entry is None:
+            entry = (_program(prim, params), [])
+            owner = _compiling_for.set(entry[1])  # the callbacks lowered now are its own
             try:
-                fun.lower(*args)  # JAX keeps the lowering for the call below
+                entry[0].lower(*args)  # JAX keeps the lowering for the call below
             finally:
                 _compiling_for.reset(owner)
+            programs = cache.programs
+            programs[key] = entry
+            while len(programs) > MAX_PROGRAMS:
+                programs.pop(next(iter(programs)), None)
+        fun, kept = entry  # ``kept``: held while the program runs
         return fun(*args)
     except jax.errors.JaxRuntimeError as e:  # a failing host call raises its HostError
         err = find_host_error(e)
@@ -109,7 +123,7 @@ def held(ctx, callback: Callable) -> Callable:
     owner = _compiling_for.get()
     if owner is None:
         return callback
-    owner.kept.append(callback)
+    owner.append(callback)
     ref = weakref.ref(callback)
 
     def weak_callback(*args):

@@ -49,6 +49,12 @@ VmapMode = Literal["sequential", "expand_dims", "broadcast_all", "vectorized"] |
 RuleVmap = VmapMode | None
 
 
+# The signatures (``Call``s) an op keeps, the oldest dropped first. Static keywords are
+# keyed by hash and equality, as jax.jit's static arguments: an object that compares by
+# identity, or a NaN, is a new signature at every call.
+MAX_CALLS = 1024
+
+
 def is_mode(vmap: Any) -> bool:
     """Whether ``vmap`` names a batching mode (a string, never an array compared to one)."""
     return isinstance(vmap, str) and vmap in MODES
@@ -386,7 +392,10 @@ class CoreOp:
         if nested:  # not kept: a later call of this signature converts for itself
             return call
         with self._lock:
-            self._calls[key] = call
+            calls = self._calls
+            calls[key] = call
+            while len(calls) > MAX_CALLS:  # static keywords that equal no earlier one
+                calls.pop(next(iter(calls)), None)
         return call
 
 

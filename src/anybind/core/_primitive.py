@@ -97,8 +97,7 @@ class Family:
 
     def rules_changed(self) -> None:
         """A rule of the op changed: every program traced with the old one goes."""
-        self.eager.programs.clear()
-        self.eager.kept.clear()
+        self.eager.clear()
         self.out_batched.clear()
         jax.clear_caches()
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core import _lifetime
+from ..core import _jax, _lifetime
 from ..core._lowering import Site
 from ._host import (Slot, cpu_only, emit, host_callback, kept_views, not_exported, platform,
                     release_frames, runner_for)
@@ -96,7 +96,8 @@ def buffer_callback(guarded: Callable, n_out: int) -> Callable:
                     release_frames(e, True)
             raise
         if _held(ins) or _held(outs):
-            gc.collect()  # garbage awaiting the collector (reference cycles) may hold them
+            _jax.collect_garbage()  # jaxlib's garbage (what a transfer held) may hold them,
+            gc.collect()  # or garbage awaiting the collector (reference cycles)
             if _held(ins) or _held(outs):
                 kept_views(what, [i for i in range(n) if getrefcount(ins[i]) > 2],  # list, arg
                            [j for j in range(n_out) if getrefcount(outs[j]) > 2])

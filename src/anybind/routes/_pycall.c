@@ -298,6 +298,7 @@ static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, PyObject *wh
 static PyObject *on_kept = NULL;    /* _host.kept_views(what, inputs, outputs): raises */
 static PyObject *on_failure = NULL; /* _host.release_frames(exc, everything) */
 static PyObject *on_derived = NULL; /* _pyffi.repoint_derived([(lease, start, size, copy)]) */
+static PyObject *on_held = NULL;    /* core._jax.collect_garbage(): jaxlib's garbage, freed */
 
 static void release_frames(PyObject *exc, int everything) {
   if (on_failure == NULL || exc == NULL) return;
@@ -484,8 +485,15 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     Py_CLEAR(outs);
     int held = 0; /* anyone but the handler holding a view or its lease */
     for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
-    if (held && res != NULL) { /* garbage awaiting the collector (reference cycles) may hold them;
-                                  a failed call's frames are released instead (settle) */
+    if (held && res != NULL) { /* jaxlib's garbage (a NumPy array that a zero-copy transfer
+                                  of host code's held, let go of without the GIL) or garbage
+                                  awaiting the collector (reference cycles) may hold them; a
+                                  failed call's frames are released instead (settle) */
+      if (on_held != NULL) {
+        PyObject *r = PyObject_CallNoArgs(on_held);
+        Py_XDECREF(r);
+        PyErr_Clear();
+      }
       PyGC_Collect();
       held = 0;
       for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
@@ -529,11 +537,13 @@ static PyObject *py_set_registry(PyObject *self, PyObject *dict) {
 }
 
 static PyObject *py_set_hooks(PyObject *self, PyObject *args) {
-  PyObject *kept, *failure, *derived;
-  if (!PyArg_ParseTuple(args, "OOO", &kept, &failure, &derived)) return NULL;
+  PyObject *kept, *failure, *derived, *held;
+  if (!PyArg_ParseTuple(args, "OOOO", &kept, &failure, &derived, &held)) return NULL;
   Py_INCREF(kept);
   Py_INCREF(failure);
   Py_INCREF(derived);
+  Py_INCREF(held);
+  Py_XSETREF(on_held, held);
   Py_XSETREF(on_kept, kept);
   Py_XSETREF(on_failure, failure);
   Py_XSETREF(on_derived, derived);
@@ -571,7 +581,7 @@ static PyMethodDef methods[] = {
     {"handler", py_handler, METH_NOARGS, "The FFI handler, as a capsule for XLA."},
     {"set_registry", py_set_registry, METH_O, "The dict of callables by key."},
     {"set_hooks", py_set_hooks, METH_VARARGS,
-     "set_hooks(kept, release, derived): called when host code kept views of XLA's "
+     "set_hooks(kept, release, derived, held): called when host code kept views of XLA's "
      "buffers."},
     {"repoint", py_repoint, METH_VARARGS,
      "repoint(array, start, size, copy): point an array whose data lies in the buffer of "

@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core import _lifetime
+from ..core import _jax, _lifetime
 from ..core._lowering import Site
 from . import _dtypes
 from ._host import (Slot, emit, host_callback, kept_views, not_exported, release_frames,
@@ -100,7 +100,7 @@ def _load():
     import jax.ffi
     import ml_dtypes
     _pycall.set_registry(_registry)
-    _pycall.set_hooks(kept_views, release_frames, repoint_derived)
+    _pycall.set_hooks(kept_views, release_frames, repoint_derived, _jax.collect_garbage)
     for name, code in _CODES.items():
         dtype = getattr(ml_dtypes, name, None) if name.startswith(("bfloat", "float8")) \
             else np.dtype(name)
