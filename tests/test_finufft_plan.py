@@ -89,38 +89,41 @@ def test_plan3_matches_the_direct_sum(iflag):
     check_close(plan.nufft3(c, iflag=iflag), nudft3(c, [x, y], [s, t], iflag), 1e-9)
 
 
-def test_plan_ops_derivatives_transposes_and_vmap():
+@pytest.mark.parametrize("kind", ["nufft1", "nufft2", "nufft3"])
+def test_plan_ops_derivatives_transposes_and_vmap(kind):
     x, y = _points(6)
-    plan = finufft.Plan((5, 4), x, y, eps=1e-12)
     r = np.random.default_rng(7)
     c = r.normal(size=40) + 1j * r.normal(size=40)
     g = r.normal(size=(5, 4)) + 1j * r.normal(size=(5, 4))
     s, t = r.uniform(-4, 4, (2, 9))
-    plan3 = finufft.Plan3(x, y, s, t, eps=1e-12)
-    for f, a, ref in ((plan.nufft1, c, lambda a: nudft1(a, [x, y], (5, 4), 1)),
-                      (plan.nufft2, g, lambda a: nudft2(a, [x, y], -1)),
-                      (plan3.nufft3, c, lambda a: nudft3(a, [x, y], [s, t], -1))):
-        fj = jax.jit(f)
-        check_first_order(fj, (a,), rtol=1e-7, atol=1e-7)
-        ybar = np.asarray(fj(a)) * (1 - 2j)
-        check_transpose_identity(fj, a, a * 1j, ybar, rtol=1e-9, atol=1e-9)
-        # the transpose is the direct sum's
-        check_close(jax.linear_transpose(f, a)(ybar)[0],
-                    jax.linear_transpose(ref, a)(ybar)[0], 1e-9)
-        # second order: the hessian of ‖f‖² (in real coordinates) is the direct sum's
-        loss = lambda re, im, f=f: jnp.sum(jnp.abs(f(re + 1j * im)) ** 2)    # noqa: E731
-        lref = lambda re, im: jnp.sum(jnp.abs(ref(re + 1j * im)) ** 2)        # noqa: E731
-        h = jax.jit(jax.hessian(loss, (0, 1)))(a.real, a.imag)
-        hr = jax.hessian(lref, (0, 1))(a.real, a.imag)
-        for u, v in zip(jax.tree.leaves(h), jax.tree.leaves(hr)):
-            check_close(u, v, 1e-8)
-        # vmap: the batch is more transforms for ducc0
-        batch = jnp.stack([a, 2 * a, a * 1j])
-        check_close(jax.vmap(f)(batch), jnp.stack([f(b) for b in batch]), 1e-12)
-        check_close(jax.vmap(jax.grad(lambda v: jnp.sum(jnp.abs(f(v)) ** 2),
-                                      holomorphic=False))(batch.real + 0j),
-                    jax.vmap(jax.grad(lambda v: jnp.sum(jnp.abs(ref(v)) ** 2)))(
-                        batch.real + 0j), 1e-8)
+    if kind == "nufft3":
+        f, a = finufft.Plan3(x, y, s, t, eps=1e-12).nufft3, c
+        ref = lambda a: nudft3(a, [x, y], [s, t], -1)                      # noqa: E731
+    else:
+        plan = finufft.Plan((5, 4), x, y, eps=1e-12)
+        f, a = getattr(plan, kind), (c if kind == "nufft1" else g)
+        ref = ((lambda a: nudft1(a, [x, y], (5, 4), 1)) if kind == "nufft1"
+               else (lambda a: nudft2(a, [x, y], -1)))
+    fj = jax.jit(f)
+    check_first_order(fj, (a,), rtol=1e-7, atol=1e-7)
+    ybar = np.asarray(fj(a)) * (1 - 2j)
+    check_transpose_identity(fj, a, a * 1j, ybar, rtol=1e-9, atol=1e-9)
+    # the transpose is the direct sum's
+    check_close(jax.linear_transpose(f, a)(ybar)[0], jax.linear_transpose(ref, a)(ybar)[0],
+                1e-9)
+    # second order: the hessian of ‖f‖² (in real coordinates) is the direct sum's
+    loss = lambda re, im: jnp.sum(jnp.abs(f(re + 1j * im)) ** 2)          # noqa: E731
+    lref = lambda re, im: jnp.sum(jnp.abs(ref(re + 1j * im)) ** 2)        # noqa: E731
+    h = jax.jit(jax.hessian(loss, (0, 1)))(a.real, a.imag)
+    hr = jax.hessian(lref, (0, 1))(a.real, a.imag)
+    for u, v in zip(jax.tree.leaves(h), jax.tree.leaves(hr)):
+        check_close(u, v, 1e-8)
+    # vmap: the batch is more transforms for ducc0
+    batch = jnp.stack([a, 2 * a, a * 1j])
+    check_close(jax.vmap(f)(batch), jnp.stack([f(b) for b in batch]), 1e-12)
+    check_close(jax.vmap(jax.grad(lambda v: jnp.sum(jnp.abs(f(v)) ** 2)))(batch.real + 0j),
+                jax.vmap(jax.grad(lambda v: jnp.sum(jnp.abs(ref(v)) ** 2)))(batch.real + 0j),
+                1e-8)
 
 
 def _cg(apply, b, iters):
