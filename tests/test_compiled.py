@@ -321,6 +321,7 @@ def test_empty_batch_makes_no_call():
     assert jax.vmap(op)(np.zeros((0, 3))).shape == (0, 3)
 
 
+@pytest.mark.slow  # starts a process
 def test_per_device_calls_run_in_parallel_under_shard_map():
     """Two CPU devices: both shards' calls are seen running at the same time."""
     res = run_fresh_python("""

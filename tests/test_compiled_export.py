@@ -30,6 +30,7 @@ def _run_fresh(script: str, tmp_path: Path):
     return run_fresh_python(script, cwd=tmp_path)
 
 
+@pytest.mark.slow  # starts a process
 def test_exported_program_runs_in_a_fresh_process(tmp_path):
     x1, x2, xs = randn((2, 3)), randn((2, 3), seed=1), 0.5 * randn((4, 3), seed=2)
     exported = jax.export.export(jax.jit(_program))(x1, x2, xs)
@@ -54,6 +55,7 @@ def test_exported_program_runs_in_a_fresh_process(tmp_path):
     assert_close([got[f"arr_{i}"] for i in range(len(leaves))], leaves)
 
 
+@pytest.mark.slow  # starts a process
 def test_a_fresh_process_without_the_binding_names_the_missing_function(tmp_path):
     only_here = ab.bind(co.clib("ctypes")["mul"], shape=ab.like(0), name="bound_only_here")
     x = randn(3)

@@ -390,6 +390,7 @@ def test_single_precision_images_and_points():
 
 # ---------------------------------------------------------------- optional extra
 
+@pytest.mark.slow  # starts a process
 def test_missing_ducc0_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ducc0", None)
     for name in [m for m in sys.modules if m.startswith("anybind.contrib.")

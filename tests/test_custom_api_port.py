@@ -42,6 +42,8 @@ from jax import lax
 import anybind as ab
 from helpers import assert_close, custom_jvp, scan1
 
+pytestmark = pytest.mark.slow  # a ported suite: JAX's own custom_jvp/custom_vjp tests
+
 
 def _sin_jvp():
     return custom_jvp(jnp.sin, lambda p, t: 2 * jnp.cos(p[0]) * t[0], name="sin2")

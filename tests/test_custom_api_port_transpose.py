@@ -31,6 +31,8 @@ from jax.custom_derivatives import linear_call
 import anybind as ab
 from helpers import assert_close, transpose_unary
 
+pytestmark = pytest.mark.slow  # a ported suite: JAX's own custom_jvp/custom_vjp tests
+
 
 def linear(fn, tp=None, name="fn"):
     """A traced linear op of ``fn(x, **kw)`` with the traced transpose ``tp(ct, **kw)``

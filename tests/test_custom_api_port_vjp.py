@@ -49,6 +49,8 @@ from jax import lax, tree_util
 import anybind as ab
 from helpers import assert_close, custom_vjp, scan1
 
+pytestmark = pytest.mark.slow  # a ported suite: JAX's own custom_jvp/custom_vjp tests
+
 
 def _sin_vjp():
     return custom_vjp(jnp.sin, lambda p, g: (2 * jnp.cos(p[0]) * g,), name="sin2")

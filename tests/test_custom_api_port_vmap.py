@@ -29,6 +29,8 @@ from jax import lax
 import anybind as ab
 from helpers import assert_close
 
+pytestmark = pytest.mark.slow  # a ported suite: JAX's own custom_jvp/custom_vjp tests
+
 
 def traced(fn, rule=None, name="f"):
     """A traced op of ``fn`` with the traced vmap rule ``rule``."""

@@ -81,6 +81,7 @@ def test_debug_reraises_host_errors_from_compiled_programs():
     assert isinstance(info.value.__cause__, ValueError)
 
 
+@pytest.mark.slow  # starts a process
 def test_environment_variable_turns_it_on():
     code = ("import numpy as np, anybind as ab\n"
             "op = ab.bind(lambda x, *, out: None, shape=ab.like(0), out=True, name='env')\n"

@@ -55,6 +55,8 @@ from fuzzing import Fixed, fuzz
 from helpers import assert_tree_close
 from ops import CASES, LINEAR_CASES, VMAP_MODES, Case, _mode, mul_ref
 
+pytestmark = pytest.mark.slow  # fuzz: random stacks of transformations (hypothesis)
+
 
 DEPTH = 3
 MAX_ORDER = 2  # derivative layers (hessian counts 2) on ops whose rules allow every order

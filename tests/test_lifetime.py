@@ -20,6 +20,8 @@ import anybind as ab
 from anybind.core import _lifetime
 from helpers import assert_close
 
+pytestmark = pytest.mark.slow  # starts processes that churn thousands of ops
+
 _CHURN = textwrap.dedent("""
     import ctypes, gc, json, sys, time
     import numpy as np, jax, jax.numpy as jnp, psutil

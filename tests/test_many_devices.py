@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes (many host devices, multi-process)
+
 HERE = pathlib.Path(__file__).parent
 FILES = sorted(p.name for p in (HERE / "many_devices").glob("md_*.py"))
 

@@ -154,6 +154,7 @@ def test_check_catches_a_wrong_rule(fn, shape, shard, where):
     assert [r.status for r in ab.check(fixed, x).rows if r.check == "shard"] == ["skipped"]
 
 
+@pytest.mark.slow  # starts a process
 def test_cli_reports_a_wrong_rule(tmp_path):
     (tmp_path / "rules.py").write_text(textwrap.dedent('''
         import numpy as np

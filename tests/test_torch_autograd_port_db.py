@@ -45,6 +45,8 @@ import torch.autograd.forward_ad as fwAD
 
 import anybind as ab
 
+pytestmark = pytest.mark.slow  # a ported suite: PyTorch's own autograd tests
+
 F = torch.func
 
 

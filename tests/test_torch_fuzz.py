@@ -46,6 +46,8 @@ from fuzzing import Fixed, fuzz
 from ops import VMAP_MODES, axpy, fft, matvec, mul, sincos, scale, sort, tree
 from test_fuzz import fwdbwd, inplace, traced_fn
 
+pytestmark = pytest.mark.slow  # fuzz: random stacks of torch.func transformations (hypothesis)
+
 F = torch.func
 DEPTH = 3
 MAX_ORDER = 2  # derivative layers (hessian counts 2) on ops whose rules allow every order

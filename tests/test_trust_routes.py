@@ -83,6 +83,7 @@ def _errors(out: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(("ERROR", "no error"))]
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_kept_input_view_is_an_error_naming_the_op_and_input_not_a_crash(route):
     out = _ok(run_fresh_python(_KEEP.format(handler=ROUTES[route], what="x", n=BIG,
@@ -101,6 +102,7 @@ def test_a_kept_input_view_is_an_error_naming_the_op_and_input_not_a_crash(route
     assert "FINE [2.0, 2.0, 2.0] [2.0, 2.0, 2.0]" in out
 
 
+@pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_kept_view_derived_from_an_input_is_an_error_too(route):
     out = _ok(run_fresh_python(_KEEP.format(handler=ROUTES[route], what="x[1:].T", n=BIG,
@@ -140,6 +142,7 @@ def test_host_callback_keys_are_random_63_bit_numbers():
     assert all(2**40 < k < 2**63 for k in keys)  # fails with odds 4·2⁻²³
 
 
+@pytest.mark.slow  # starts a process
 def test_a_crafted_call_with_other_operands_is_refused_before_host_code_runs():
     out = _ok(run_fresh_python("""
         import re, numpy as np, jax, anybind as ab
@@ -305,6 +308,7 @@ _EXPORT = """
 """
 
 
+@pytest.mark.slow  # starts a process
 def test_a_fresh_process_that_bound_no_compiled_op_names_the_missing_one(tmp_path):
     _ok(run_fresh_python(_EXPORT.format(name="bound_elsewhere"), cwd=tmp_path))
     out = _ok(run_fresh_python("""
@@ -320,6 +324,7 @@ def test_a_fresh_process_that_bound_no_compiled_op_names_the_missing_one(tmp_pat
             "'bound_elsewhere'" in out), out
 
 
+@pytest.mark.slow  # starts a process
 def test_a_program_links_by_its_ops_name_and_refuses_another_function_there(tmp_path):
     _ok(run_fresh_python(_EXPORT.format(name="linked_by_name"), cwd=tmp_path))
     out = _ok(run_fresh_python("""
@@ -343,6 +348,7 @@ def test_a_program_links_by_its_ops_name_and_refuses_another_function_there(tmp_
     assert "BIND anybind op 'linked_by_name': its compiled function would link as" in out, out
 
 
+@pytest.mark.slow  # starts a process
 def test_a_crafted_call_of_a_compiled_function_is_checked_against_its_op():
     out = _ok(run_fresh_python("""
         import numpy as np, jax, anybind as ab
