@@ -17,6 +17,7 @@ from anybind.routes import _pyffi
 from helpers import run_fresh_python
 
 ROUTES = {"handler": True, "buffer_callback": False}  # route -> _pyffi.enabled
+FAILED = (ab.HostError, jax.errors.JaxRuntimeError)  # eagerly, or under jit (its message)
 
 
 def _ok(res) -> str:
@@ -343,3 +344,44 @@ def test_static_keywords_that_equal_no_earlier_one_keep_the_caches_bounded(monke
         assert len(core._calls) <= 6 and len(core._family.eager.programs) <= 4
     assert len(core._calls) == 6 and len(core._family.eager.programs) == 4
     np.testing.assert_array_equal(op(jnp.ones(3), k=3), 2 * np.ones(3))  # still works
+
+
+# ------------------------------------------------------------- E7, E8: dtypes
+
+def test_with_x64_off_only_a_declared_64_bit_output_narrows():
+    to64 = lambda x: x.astype(np.float64)
+    spec = lambda dtype: (lambda x: jax.ShapeDtypeStruct(x.shape, dtype))
+    x = np.ones(3, np.float32)
+    with jax.enable_x64(False):
+        wide = ab.bind(to64, shape=spec(np.float64), name="declared64")
+        assert wide(x).dtype == np.float32 and jax.jit(wide)(x).dtype == np.float32
+        for name, shape in (("declared32", spec(np.float32)), ("like", ab.like(0))):
+            op = ab.bind(to64, shape=shape, name=name)
+            for call in (op, jax.jit(op)):
+                with pytest.raises(FAILED, match=rf"'{name}'.*dtype float64; declared "
+                                                       rf"shape \(3,\) and dtype float32 "
+                                                       rf"\(with x64 off, only"):
+                    call(x)
+        grad = ab.bind(lambda x: 2 * x, shape=ab.like(0), name="wide_cotangent")
+        grad.def_vjp(lambda p, ct: (2 * ct.astype(np.float64),))
+        with pytest.raises(ab.HostError, match=r"'wide_cotangent'.*cotangent.*float64"):
+            jax.grad(lambda x: grad(x).sum())(x)
+
+
+@pytest.mark.parametrize("a, b", [
+    (np.ones(2, np.float16), 1.0), (np.ones(2, np.int8), 3), (np.ones(2, jnp.bfloat16), 1.5),
+    (2.0, np.ones(2, np.float16)), (np.ones(2, np.float32), 2)])
+def test_python_scalars_keep_jaxs_weak_type_promotion(a, b):
+    add = ab.bind(lambda x, y: x + y, traced=True, name="add")
+    want = jax.jit(lambda x, y: x + y)(a, b)
+    for f in (add, jax.jit(add)):
+        got = f(a, b)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float64), np.asarray(want, np.float64))
+
+
+def test_a_python_int_too_big_for_jax_is_an_error_naming_the_op():
+    op = ab.bind(lambda x, y: x + y, traced=True, name="big_int")
+    with jax.enable_x64(False), pytest.raises(OverflowError, match=r"anybind op 'big_int': "
+                                                                   r"positional input leaf 1"):
+        op(jnp.ones(2, jnp.int32), 2**40)

@@ -362,8 +362,10 @@ class CoreOp:
         call = self._calls.get(key)
         if call is not None:
             return call
+        out_wide: list = []
+        res_wide: list = []
         out_tree, out_avals, paths = infer_outputs(
-            self, args_tree, kw_tree, static, in_avals, kw_avals)
+            self, args_tree, kw_tree, static, in_avals, kw_avals, wide=out_wide)
         kw_paths = tuple(tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(
             kw_tree.unflatten(range(len(kw_avals))))[0])
         res_tree, res_avals = None, ()
@@ -376,9 +378,10 @@ class CoreOp:
         elif self.fwd_rule is not None:
             res_tree, res_avals, _ = infer_outputs(
                 self, args_tree, kw_tree, static, in_avals, kw_avals, self.residuals,
-                "residual spec")
+                "residual spec", wide=res_wide)
         call = Call(self, args_tree, kw_tree, static, in_avals, kw_avals, out_tree,
-                    out_avals, paths, kw_paths, res_tree, res_avals, static_types)
+                    out_avals, paths, kw_paths, res_tree, res_avals, static_types,
+                    out_wide=tuple(out_wide), res_wide=tuple(res_wide))
         if self.shard is not None:
             _sharding.factors_of(call)  # the rule must fit: a TypeError at the first call
         nested = False
@@ -431,6 +434,10 @@ def _as_operand(op: CoreOp, x, what: str):
     except TypeError:
         raise TypeError(f"anybind op '{op.name}': {what} must be an array or a number, got "
                         f"{type(x).__name__}") from None
+    except OverflowError as e:  # a Python int beyond JAX's default integer
+        raise OverflowError(f"anybind op '{op.name}': {what} is the Python int {x}, which no "
+                            f"integer dtype JAX gives it can hold ({e}); pass an array of a "
+                            f"dtype that holds it (np.uint64, or np.int64 with x64 on)") from None
 
 
 def _primitive_name(name: str) -> str:

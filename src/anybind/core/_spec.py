@@ -116,6 +116,10 @@ class Call:
     # for a ``without_residuals`` Call, the Call it came from (whose fwd rule keeps them)
     with_residuals: Any = dataclasses.field(default=None, compare=False, hash=False)
     op_token: int = -1  # the op's identity, for comparison and hashing; set from op_ref
+    # per output and residual leaf: declared 64-bit where x64 off made it 32-bit, so that
+    # host code's 64-bit result narrows as JAX narrowed the declaration (nowhere else)
+    out_wide: tuple = dataclasses.field(default=(), compare=False, hash=False)
+    res_wide: tuple = dataclasses.field(default=(), compare=False, hash=False)
 
     def __post_init__(self):
         if self.op_token == -1:
@@ -288,17 +292,23 @@ class InBatched(tuple):
 
 
 def _sds(aval) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype,
+                                weak_type=getattr(aval, "weak_type", False))
 
 
 def to_aval(x) -> ShapedArray:
+    """The aval of an operand; a Python scalar's stays weakly typed, as JAX's own do."""
     aval = jax.typeof(x)
-    return ShapedArray(aval.shape, aval.dtype)
+    return ShapedArray(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None,
-                  what: str = "output spec"):
-    """Evaluate a declared spec (the op's outputs by default) on these inputs."""
+                  what: str = "output spec", wide: list | None = None):
+    """Evaluate a declared spec (the op's outputs by default) on these inputs.
+
+    ``wide``: a list given to receive, per leaf, whether the spec declared a
+    64-bit dtype that x64 off made 32-bit (JAX's one narrowing).
+    """
     args = args_tree.unflatten([_sds(a) for a in in_avals])
     kwargs = kw_tree.unflatten([_sds(a) for a in kw_avals])
     kwargs.update(static)
@@ -371,6 +381,8 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype "
                 f"{str(np.dtype(dtype))!r}, which no JAX array has (a number or bool dtype)")
         out_avals.append(ShapedArray(tuple(int(d) for d in shape), dtype))
+        if wide is not None:
+            wide.append(np.dtype(leaf.dtype) != np.dtype(dtype))
     paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)
     if (op.linear or op.multilinear) and what == "output spec":
         bad = [i for i, a in enumerate([*in_avals, *out_avals]) if not is_float(a)]

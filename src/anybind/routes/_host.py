@@ -26,7 +26,6 @@ piece                 what it does
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import threading
 from typing import Callable, Sequence
@@ -55,9 +54,9 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
                narrow: bool = False, xp=np) -> np.ndarray:
     """Check one returned value against the declared aval; never cast or broadcast silently.
 
-    With ``narrow`` (x64 off: JAX narrowed the declared 64-bit dtype to 32
-    bits, as it narrows every array), a 64-bit result is narrowed the same way,
-    integers only where every value fits.
+    With ``narrow`` (x64 off, and this result declared 64-bit: JAX narrowed the
+    declaration to 32 bits, its one narrowing), a 64-bit result is narrowed the
+    same way, integers only where every value fits. Nothing else is cast.
     """
     if r is None:
         raise HostError(f"anybind op '{call.op.name}': {what} is None; expected "
@@ -81,9 +80,13 @@ def _as_result(call: Call, what: str, r, aval, shape: tuple, allow_lead_one: boo
         r = v
     ok_shape = r.shape == shape or (allow_lead_one and r.shape == (1,) + shape[1:])
     if not ok_shape or r.dtype != aval.dtype:
+        why = ""
+        if ok_shape and _NARROWED.get(r.dtype) == aval.dtype:
+            why = (" (with x64 off, only a result whose output spec declares a 64-bit "
+                   "dtype is narrowed to 32 bits, as JAX narrows that declaration)")
         raise HostError(
             f"anybind op '{call.op.name}': {what} has shape {r.shape} and dtype {r.dtype}; "
-            f"declared shape {shape} and dtype {np.dtype(aval.dtype).name}")
+            f"declared shape {shape} and dtype {np.dtype(aval.dtype).name}{why}")
     return r
 
 
@@ -107,8 +110,21 @@ def runner_for(site: Site, xp=np) -> Callable[[Call, Batch | None], Callable]:
     def build(call: Call, batch: Batch | None) -> Callable:
         return make_host_runner(
             call, site.name, lambda lead: make_run(role, call, rule, lin, need, xp, lead),
-            out_avals(role, call, lin, need), names, batch, mode, inplace=rule.out, xp=xp)
+            out_avals(role, call, lin, need), names, batch, mode, inplace=rule.out, xp=xp,
+            wide=declared_wide(role, call))
     return build
+
+
+def declared_wide(role: str, call: Call) -> list:
+    """Per result of ``role``: whether its output spec declared a 64-bit dtype that x64
+    off made 32-bit. Cotangents take their inputs' dtypes, which JAX gave them."""
+    if role == "primal":
+        return list(call.out_wide)
+    if role == "fwd":
+        return list(call.out_wide) + list(call.res_wide)
+    if role == "jvp":
+        return [w for w, f in zip(call.out_wide, call.float_out) if f]
+    return []
 
 
 _MAX_RANK = 64  # NumPy's
@@ -126,19 +142,25 @@ def _check_batched_rank(site: Site) -> None:
 
 def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: Sequence,
                      out_names: Sequence[str], batch: Batch | None, mode,
-                     inplace: bool = False, xp=np) -> Callable:
+                     inplace: bool = False, xp=np, wide: Sequence[bool] = ()) -> Callable:
     """Returns ``runner(inputs, outputs)`` that fills the output arrays in place.
 
-    ``xp``: the module of the arrays (NumPy; CuPy for device code, see ``routes._gpu_device``).
+    ``xp``: the module of the arrays (NumPy; CuPy for device code, see ``routes._gpu_device``);
+    ``wide``: per result, whether its output spec declared a 64-bit dtype that x64 off
+    made 32-bit (``declared_wide``): the one case where a result is narrowed.
     """
     if inplace:  # the user's function writes into XLA's output buffers itself
         runner = _inplace_runner(call, make_run, batch, mode)
         if call.debug:
             runner = _debug.check_written(runner, call.op.name, role_name, out_names)
         return runner
-    # x64 off: 64-bit results narrow as JAX narrowed their declared dtypes (read here, while
-    # lowering, in the caller's context; the callback may run on another thread).
-    as_result = functools.partial(_as_result, narrow=not _jax.enable_x64.value, xp=xp)
+    # x64 off: a 64-bit result narrows where JAX narrowed its declared 64-bit dtype (read
+    # here, while lowering, in the caller's context; the callback may run on another thread).
+    x64 = _jax.enable_x64.value
+    narrows = [not x64 and j < len(wide) and bool(wide[j]) for j in range(len(out_avals))]
+
+    def as_result(call, what, r, aval, shape, allow_lead_one, j):
+        return _as_result(call, what, r, aval, shape, allow_lead_one, narrows[j], xp)
     ndarray, arrays = xp.ndarray, (xp.ndarray, np.generic)
 
     def what(j, b=None):
@@ -150,7 +172,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
     def store(o, r, j, shape, b=None, allow_lead_one=False):
         """Write one result, after checking it (cheaply when it is already right)."""
         if not (type(r) is ndarray and r.shape == shape and r.dtype == expected[j][1]):
-            r = as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one)
+            r = as_result(call, what(j, b), r, out_avals[j], shape, allow_lead_one, j)
         o[...] = r
 
     if batch is None:
@@ -161,7 +183,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             def runner(ins, outs):
                 (r,) = run(*ins)
                 if not (type(r) is ndarray and (r.shape, r.dtype) == e):
-                    r = as_result(call, what(0), r, out_avals[0], e[0], False)
+                    r = as_result(call, what(0), r, out_avals[0], e[0], False, 0)
                 outs[0][...] = r
             return runner
 
@@ -172,7 +194,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             for j, shape, dtype in checks:
                 r = res[j]
                 if not (type(r) is ndarray and r.shape == shape and r.dtype == dtype):
-                    r = as_result(call, what(j), r, out_avals[j], shape, False)
+                    r = as_result(call, what(j), r, out_avals[j], shape, False, j)
                 outs[j][...] = r
         return runner
 
@@ -201,7 +223,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 for j, e in checks:
                     r = res[j]
                     if not (isinstance(r, arrays) and r.shape == e[0] and r.dtype == e[1]):
-                        r = as_result(call, what(j, b), r, out_avals[j], e[0], False)
+                        r = as_result(call, what(j, b), r, out_avals[j], e[0], False, j)
                     outs[j][b] = r
         return runner
 
@@ -220,7 +242,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
         for j, (r, f, o) in enumerate(zip(leaves, flags, outs)):
             shape = ((size,) if f else ()) + expected[j][0]
             o[...] = as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
-                                shape, False)
+                                shape, False, j)
     return runner
 
 
