@@ -13,8 +13,8 @@ piece            what it does
                  ``.item()``, a C extension without a fake kernel) every leaf may be
                  written and every draw may be random: the safe answer
 ``Draws``        torch's RNG state per call: a call records the state it started from,
-                 keyed by its primal inputs' buffers; the derivatives of that call (the
-                 derived bridges, run later on the same buffers) start from the same
+                 keyed by its primal inputs' values; the derivatives of that call (the
+                 derived bridges, run later on the same values) start from the same
                  state and leave the generator as they found it (as
                  ``torch.utils.checkpoint`` does)
 ===============  ===================================================================
@@ -119,7 +119,7 @@ _BF16 = np.dtype(jax.numpy.bfloat16)
 # ------------------------------------------------------------------- draws
 
 class Draws:
-    """torch's RNG state at the start of each random call, keyed by its primal buffers."""
+    """torch's RNG state at the start of each random call, keyed by its primal inputs."""
 
     SIZE = 256  # calls remembered; the oldest go first
 
@@ -146,14 +146,14 @@ DRAWS = Draws()
 
 
 def buffers(leaves) -> tuple:
-    """The key of a call's primal inputs: each array's address, shape, dtype and a sample
-    of its values (so that a buffer reused for other values is another key)."""
-    return tuple((a.__array_interface__["data"][0], a.shape, a.dtype.str, _sample(a))
-                 if isinstance(a, np.ndarray) else a for a in leaves)
+    """The key of a call's primal inputs: each array's shape, dtype and a sample of its
+    values (XLA may hand a derivative a copy of the value's input, at another address)."""
+    return tuple((a.shape, a.dtype.str, _sample(a)) if isinstance(a, np.ndarray) else a
+                 for a in leaves)
 
 
 def _sample(a: np.ndarray) -> bytes:
     flat = a.reshape(-1)
-    if flat.size > 64:
-        flat = flat[::flat.size // 64]
+    if flat.size > 1024:
+        flat = flat[::flat.size // 1024]
     return flat.tobytes()

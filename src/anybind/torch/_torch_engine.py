@@ -310,11 +310,11 @@ def _tangents(fn, g, xs, ts, seen: dict) -> tuple:
     try:
         return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
     except RuntimeError:
-        # what torch.func cannot transform: an autograd.Function without setup_context,
-        # a write into an input; plain forward AD, on copies, where no level is open
-        if _torch.dual_level() >= 0 or _torch.transforms_active():
-            raise
+        # what torch.func refuses: a write into an input (done on copies, then), an
+        # autograd.Function without setup_context (plain forward AD, where no level is open)
         seen["clone"] = True
+        if _torch.dual_level() >= 0 or _torch.transforms_active():
+            return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
         return _by_forward_ad(g, xs, ts)
 
 
@@ -337,13 +337,13 @@ def _cotangents(fn, g, xs, cts_of: Callable, seen: dict) -> tuple:
         _, pullback = torch.func.vjp(g, *xs)
         return pullback(cts_of())
     except RuntimeError:
-        # what torch.func cannot transform: an autograd.Function without setup_context
-        # (whose second derivatives plain autograd takes, as torch's double backward), a
-        # write into an input; plain autograd, on copies, keeping the graph where an
-        # outer plain autograd differentiates this
-        if _torch.transforms_active():
-            raise
+        # what torch.func refuses: a write into an input (done on copies, then), an
+        # autograd.Function without setup_context (plain autograd, as torch's double
+        # backward, keeping the graph where an outer plain autograd differentiates this)
         seen["clone"] = True
+        if _torch.transforms_active():
+            _, pullback = torch.func.vjp(g, *xs)
+            return pullback(cts_of())
         return _by_autograd(g, xs, cts_of)
 
 
