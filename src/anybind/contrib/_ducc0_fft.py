@@ -21,7 +21,7 @@ every result straight into XLA's output buffer (``out=True`` and ducc0's ``out=`
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

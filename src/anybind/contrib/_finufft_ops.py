@@ -15,6 +15,7 @@ computed in double inside the op (see ``_ducc0_nufft.in_double``).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,13 +24,15 @@ import numpy as np
 from . import require
 from ._ducc0_nufft import nu2u, u2nu
 from ._ducc0_nufft3 import nu2nu
-from ._finufft_options import ducc0_keywords, unpack_opts
+from ._finufft_options import NestedOpts, Opts, ducc0_keywords, unpack_opts
 from ._finufft_shapes import broadcast_and_flatten_inputs
 
 ducc0 = require("ducc0", "anybind.contrib.finufft")
 
 __all__ = ["nufft1", "nufft2", "nufft3", "keywords"]
 
+ArrayLike = jax.typing.ArrayLike
+Options = Opts | NestedOpts | None
 _REVERSE_DEPTH = 8  # per-direction options are followed this many derivative orders deep
 _TRANSPOSED = {1: 2, 2: 1, 3: 3}
 
@@ -101,7 +104,25 @@ def _per_batch(op, source, coords, **kw):
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("iflag", "eps", "opts"))
-def nufft1(output_shape, source, *points, eps=1e-6, iflag=1, opts=None):
+def nufft1(output_shape: int | Sequence[int], source: ArrayLike, *points: ArrayLike,
+           eps: float = 1e-6, iflag: int = 1, opts: Options = None) -> jax.Array:
+    """Type 1 NUFFT, points ↦ modes: f_k = Σ_j c_j exp(i·sign(iflag)·k·x_j).
+
+    ``nufft1(output_shape, source, *points, eps=1e-6, iflag=1, opts=None)``, as in
+    jax-finufft: ``output_shape`` an int or one int per dimension; ``source``
+    complex (..., M); ``points`` D real arrays (..., M) of the source's precision,
+    in [−π, π) or any period-2π shift of it. Returns (..., *output_shape), modes
+    from −N/2 (``Opts(modeord=True)``: FFT order). Leading axes follow
+    jax-finufft's batching (see the module). Differentiable in the source and the
+    points, to every order; usable under ``jit`` and ``vmap``.
+
+    >>> import numpy as np
+    >>> from anybind.contrib.finufft import nufft1
+    >>> x = np.array([0.0, 1.0]); c = np.array([1.0 + 0j, 2.0])
+    >>> f = nufft1(3, c, x, eps=1e-12)
+    >>> bool(np.allclose(f, [(c * np.exp(1j * k * x)).sum() for k in (-1, 0, 1)]))
+    True
+    """
     where = "anybind.contrib.finufft.nufft1"
     iflag, eps, ndim = int(iflag), float(eps), len(points)
     _ndim(where, ndim)
@@ -117,7 +138,21 @@ def nufft1(output_shape, source, *points, eps=1e-6, iflag=1, opts=None):
 
 
 @functools.partial(jax.jit, static_argnames=("iflag", "eps", "opts"))
-def nufft2(source, *points, eps=1e-6, iflag=-1, opts=None):
+def nufft2(source: ArrayLike, *points: ArrayLike, eps: float = 1e-6, iflag: int = -1,
+           opts: Options = None) -> jax.Array:
+    """Type 2 NUFFT, modes ↦ points: c_j = Σ_k f_k exp(i·sign(iflag)·k·x_j).
+
+    ``nufft2(source, *points, eps=1e-6, iflag=-1, opts=None)``, as in jax-finufft:
+    ``source`` complex (..., *modes), D trailing axes; ``points`` D real arrays
+    (..., M). Returns (..., M). Differentiable in the source and the points, to
+    every order; usable under ``jit`` and ``vmap``.
+
+    >>> import numpy as np
+    >>> from anybind.contrib.finufft import nufft2
+    >>> f = np.array([1.0 + 0j, 2.0, 3.0]); x = np.array([0.5])
+    >>> bool(np.allclose(nufft2(f, x, eps=1e-12), (f * np.exp(-0.5j * np.arange(-1, 2))).sum()))
+    True
+    """
     where = "anybind.contrib.finufft.nufft2"
     iflag, eps, ndim = int(iflag), float(eps), len(points)
     _ndim(where, ndim)
@@ -132,7 +167,22 @@ def nufft2(source, *points, eps=1e-6, iflag=-1, opts=None):
 
 
 @functools.partial(jax.jit, static_argnames=("iflag", "eps", "opts"))
-def nufft3(source, *points, eps=1e-6, iflag=-1, opts=None):
+def nufft3(source: ArrayLike, *points: ArrayLike, eps: float = 1e-6, iflag: int = -1,
+           opts: Options = None) -> jax.Array:
+    """Type 3 NUFFT, points ↦ points: f_k = Σ_j c_j exp(i·sign(iflag)·s_k·x_j).
+
+    ``nufft3(source, *points, eps=1e-6, iflag=-1, opts=None)``, as in jax-finufft:
+    ``points`` are the D source point arrays and then the D target arrays
+    (``x, s``, ``x, y, s, t`` or ``x, y, z, s, t, u``); ``source`` complex (..., M)
+    at the sources; returns (..., N) at the targets. Differentiable in the source
+    and both point sets, to every order; usable under ``jit`` and ``vmap``.
+
+    >>> import numpy as np
+    >>> from anybind.contrib.finufft import nufft3
+    >>> x = np.array([0.0, 1.0]); s = np.array([0.5, 2.5]); c = np.array([1.0 + 0j, 2.0])
+    >>> bool(np.allclose(nufft3(c, x, s, eps=1e-12), np.exp(-1j * np.outer(s, x)) @ c))
+    True
+    """
     where = "anybind.contrib.finufft.nufft3"
     iflag, eps = int(iflag), float(eps)
     if len(points) % 2:
@@ -147,49 +197,3 @@ def nufft3(source, *points, eps=1e-6, iflag=-1, opts=None):
     coords = [jnp.stack(points[:ndim], axis=-1), jnp.stack(points[ndim:], axis=-1)]
     out = _per_batch(nu2nu, source, coords, **kw)
     return index.unflatten(out)
-
-
-nufft1.__doc__ = """Type 1 NUFFT, points ↦ modes: f_k = Σ_j c_j exp(i·sign(iflag)·k·x_j).
-
-``nufft1(output_shape, source, *points, eps=1e-6, iflag=1, opts=None)``, as in
-jax-finufft: ``output_shape`` an int or one int per dimension; ``source``
-complex (..., M); ``points`` D real arrays (..., M) of the source's precision,
-in [−π, π) or any period-2π shift of it. Returns (..., *output_shape), modes
-from −N/2 (``Opts(modeord=True)``: FFT order). Leading axes follow
-jax-finufft's batching (see the module). Differentiable in the source and the
-points, to every order; usable under ``jit`` and ``vmap``.
-
->>> import numpy as np
->>> from anybind.contrib.finufft import nufft1
->>> x = np.array([0.0, 1.0]); c = np.array([1.0 + 0j, 2.0])
->>> f = nufft1(3, c, x, eps=1e-12)
->>> bool(np.allclose(f, [(c * np.exp(1j * k * x)).sum() for k in (-1, 0, 1)]))
-True
-"""
-nufft2.__doc__ = """Type 2 NUFFT, modes ↦ points: c_j = Σ_k f_k exp(i·sign(iflag)·k·x_j).
-
-``nufft2(source, *points, eps=1e-6, iflag=-1, opts=None)``, as in jax-finufft:
-``source`` complex (..., *modes), D trailing axes; ``points`` D real arrays
-(..., M). Returns (..., M). Differentiable in the source and the points, to
-every order; usable under ``jit`` and ``vmap``.
-
->>> import numpy as np
->>> from anybind.contrib.finufft import nufft2
->>> f = np.array([1.0 + 0j, 2.0, 3.0]); x = np.array([0.5])
->>> bool(np.allclose(nufft2(f, x, eps=1e-12), (f * np.exp(-0.5j * np.arange(-1, 2))).sum()))
-True
-"""
-nufft3.__doc__ = """Type 3 NUFFT, points ↦ points: f_k = Σ_j c_j exp(i·sign(iflag)·s_k·x_j).
-
-``nufft3(source, *points, eps=1e-6, iflag=-1, opts=None)``, as in jax-finufft:
-``points`` are the D source point arrays and then the D target arrays
-(``x, s``, ``x, y, s, t`` or ``x, y, z, s, t, u``); ``source`` complex (..., M)
-at the sources; returns (..., N) at the targets. Differentiable in the source
-and both point sets, to every order; usable under ``jit`` and ``vmap``.
-
->>> import numpy as np
->>> from anybind.contrib.finufft import nufft3
->>> x = np.array([0.0, 1.0]); s = np.array([0.5, 2.5]); c = np.array([1.0 + 0j, 2.0])
->>> bool(np.allclose(nufft3(c, x, s, eps=1e-12), np.exp(-1j * np.outer(s, x)) @ c))
-True
-"""
