@@ -4,18 +4,19 @@
 hashable: they are static arguments). When a transform is traced, the options
 that apply to it are translated into ducc0's keywords:
 
-=====================  ================================================  ===================
-jax-finufft option     ducc0                                             when not default
-=====================  ================================================  ===================
-modeord                ``fft_order``                                     mapped
-nthreads               ``nthreads`` (0: every hardware thread, as both)  mapped
-upsampfac              ``sigma_min``/``sigma_max`` around it (±0.01)     mapped
-debug                  ``verbosity`` (1 for Verbose and Noisy)           mapped
-spread_debug, showwarn,  no equivalent (ducc0 chooses its own kernel,      ``ValueError`` at
-fftw, spread_sort, …   sorting, FFT plans and threading)                 trace time
-gpu_*                  cuFINUFFT's; a CPU transform ignores them, as     ignored
-                       jax-finufft does
-=====================  ================================================  ===================
+==========================  ==============================================  ===============
+jax-finufft option          ducc0                                           not default
+==========================  ==============================================  ===============
+modeord                     ``fft_order``                                   mapped
+nthreads                    ``nthreads`` (0: every hardware thread, both)   mapped
+upsampfac                   ``sigma_min``/``sigma_max``: upsampfac ± 0.01   mapped
+debug                       ``verbosity`` (1 for Verbose and Noisy)         mapped
+spread_debug, showwarn,     no equivalent: ducc0 chooses its own kernel,    ``ValueError``
+fftw, spread_sort, the      sorting, FFT plans and threading                when traced
+other spread_* options
+gpu_*                       cuFINUFFT's; a CPU transform ignores them, as   ignored
+                            jax-finufft does
+==========================  ==============================================  ===============
 """
 from __future__ import annotations
 

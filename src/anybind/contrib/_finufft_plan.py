@@ -25,6 +25,7 @@ import anybind as ab
 from . import require, reshaped
 from ._ducc0_nufft import in_double
 from ._finufft_ops import keywords
+from ._finufft_options import NestedOpts, Opts
 
 ducc0 = require("ducc0", "anybind.contrib.finufft")
 
@@ -106,7 +107,8 @@ class Plan:
     (16,)
     """
 
-    def __init__(self, n_modes, *points, eps: float = 1e-6, opts=None):
+    def __init__(self, n_modes: int | tuple[int, ...], *points: np.ndarray, eps: float = 1e-6,
+                 opts: Opts | NestedOpts | None = None):
         where = "anybind.contrib.finufft.Plan"
         pts = _concrete(where, points)
         nd = len(pts)
@@ -151,11 +153,11 @@ class Plan:
         self._t2.def_transpose(lambda ct, *, out, iflag: t1(ct, out=out[0], iflag=iflag),
                                out=True)
 
-    def nufft1(self, source, iflag: int = 1):
+    def nufft1(self, source: jax.typing.ArrayLike, iflag: int = 1) -> jax.Array:
         """Type 1 on the plan's points: (..., M) ↦ (..., *n_modes)."""
         return self._t1(source, iflag=1 if int(iflag) >= 0 else -1)
 
-    def nufft2(self, source, iflag: int = -1):
+    def nufft2(self, source: jax.typing.ArrayLike, iflag: int = -1) -> jax.Array:
         """Type 2 on the plan's points: (..., *n_modes) ↦ (..., M)."""
         return self._t2(source, iflag=1 if int(iflag) >= 0 else -1)
 
@@ -177,7 +179,8 @@ class Plan3:
     True
     """
 
-    def __init__(self, *points, eps: float = 1e-6, opts=None):
+    def __init__(self, *points: np.ndarray, eps: float = 1e-6,
+                 opts: Opts | NestedOpts | None = None):
         where = "anybind.contrib.finufft.Plan3"
         if len(points) % 2 or not 2 <= len(points) <= 6:
             raise ValueError(f"{where}: the D source point arrays and then the D targets "
@@ -216,6 +219,6 @@ class Plan3:
                            name="finufft_plan_nufft3")
         self._t3.def_transpose(t3_transpose, out=True)
 
-    def nufft3(self, source, iflag: int = -1):
+    def nufft3(self, source: jax.typing.ArrayLike, iflag: int = -1) -> jax.Array:
         """Type 3 on the plan's points: (..., M) ↦ (..., N)."""
         return self._t3(source, iflag=1 if int(iflag) >= 0 else -1)
