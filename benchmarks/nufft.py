@@ -4,6 +4,7 @@
     python benchmarks/nufft.py                   # a few minutes on 2 cores
     python benchmarks/nufft.py --quick           # fewer samples, smaller problem
     python benchmarks/nufft.py --update-readme   # the tables into benchmarks/README.md
+    python benchmarks/nufft.py --only CG --repeats 20   # some rows, more samples
 
 jax-finufft (``pip install jax-finufft``) is not a dependency; without it the
 anybind columns are measured alone. The same calls run through both libraries
@@ -22,7 +23,8 @@ anybind columns are measured alone. The same calls run through both libraries
 Each on one thread (``Opts(nthreads=1)``) and on all cores (``Opts()``,
 jax-finufft's default). Timing is ``run.measure``'s: round-robin over the
 routes, the minimum over samples as the headline, the median beside it; the
-routes are checked against each other first. Results: ``benchmarks/nufft.json``.
+routes are checked against each other first. Results of a full run:
+``benchmarks/nufft.json``.
 """
 from __future__ import annotations
 
@@ -158,6 +160,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--update-readme", action="store_true")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--only", default="", help="comma-separated parts of case names to run")
     args = ap.parse_args()
     n_modes, m, n_targets, repeats, iters = (
         (64, 20_000, 4096, 3, 10) if args.quick else (128, 100_000, 16_384, 7, 20))
@@ -167,6 +170,8 @@ def main() -> None:
     for threads, nthreads in (("one thread", 1), (f"all {os.cpu_count()} cores", 0)):
         results[threads] = {}
         for case, group in cases(p, nthreads, iters).items():
+            if args.only and not any(part in case for part in args.only.split(",")):
+                continue
             check(group, case)
             thunks = {name: run._thunk(fn, a) for name, (fn, a) in group.items()}
             results[threads][case] = run.measure(thunks, repeats, sample_s=0.05)
@@ -182,13 +187,15 @@ def main() -> None:
               f"{os.cpu_count()} cores; " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     text = header + "\n\n" + "\n\n".join(texts)
     print("\n" + text)
+    if args.quick or args.only:  # a partial run leaves the full run's results alone
+        return
     (HERE / "nufft.json").write_text(json.dumps(
         {"header": header, "results": {t: {c: {k: {kk: vv for kk, vv in v.items()
                                                    if kk != "samples_us"}
                                                for k, v in r.items()}
                                            for c, r in rs.items()}
                                        for t, rs in results.items()}}, indent=1))
-    if args.update_readme and not args.quick:
+    if args.update_readme:
         run.update_readme(text, "nufft")
 
 
