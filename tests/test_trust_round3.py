@@ -6,6 +6,7 @@ Anything that could crash or hang runs in a fresh process (``run_fresh_python``)
 so that a segfault or a hang fails the test instead of ending the run.
 """
 import signal
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -385,3 +386,56 @@ def test_a_python_int_too_big_for_jax_is_an_error_naming_the_op():
     with jax.enable_x64(False), pytest.raises(OverflowError, match=r"anybind op 'big_int': "
                                                                    r"positional input leaf 1"):
         op(jnp.ones(2, jnp.int32), 2**40)
+
+
+# ---------------------------------------- F12: an exported call runs only what it was made with
+
+_SCALE = """
+    import sys, numba, numpy as np, jax, jax.numpy as jnp, anybind as ab
+    jax.config.update("jax_enable_x64", True)
+
+    def scaled(k):
+        def body(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+            n = 1
+            for d in range(ranks[0]):
+                n *= shapes[0][d]
+            x = numba.carray(ins[0], n, np.float64)
+            y = numba.carray(outs[0], n, np.float64)
+            y[:] = k * x
+            return 0
+        return body
+    dbl = numba.cfunc(ab.numba_signature())(scaled(2.0))
+    triple = numba.cfunc(ab.numba_signature())(scaled(3.0))
+    dbl.__name__, triple.__name__ = "dbl", "triple"  # numba keeps the inner function's name
+    fn, version = {{"dbl": dbl, "triple": triple}}[sys.argv[1]], sys.argv[2]
+    op = ab.bind(fn, shape=ab.like(0), name="mul", export_version=version or None)
+    x = jnp.arange(3.0)
+    if sys.argv[3] == "export":
+        open("program.bin", "wb").write(jax.export.export(jax.jit(op))(x).serialize())
+        print("EXPORTED")
+    else:
+        try:
+            y = jax.export.deserialize(open("program.bin", "rb").read()).call(x)
+            print("RAN", np.asarray(y).tolist())
+        except Exception as e:
+            print("ERROR", str(e).splitlines()[0])
+"""
+
+
+def _scale(tmp_path, fn: str, version: str, what: str) -> str:
+    """Run ``_SCALE`` in a fresh process: bind ``fn`` as 'mul', then export or run."""
+    script = tmp_path / "scale.py"
+    script.write_text(textwrap.dedent(_SCALE.format()))
+    return _ok(run_fresh_python(f"import sys; sys.argv = ['', {fn!r}, {version!r}, {what!r}]; "
+                                f"exec(open({str(script)!r}).read())", cwd=tmp_path))
+
+
+def test_an_exported_call_runs_only_where_its_fingerprint_matches(tmp_path):
+    pytest.importorskip("numba")
+    assert "EXPORTED" in _scale(tmp_path, "dbl", "1", "export")
+    assert "RAN [0.0, 2.0, 4.0]" in _scale(tmp_path, "dbl", "1", "run")
+    for fn, version in (("triple", "1"), ("dbl", "2"), ("dbl", "")):
+        out = _scale(tmp_path, fn, version, "run")
+        assert out.startswith("ERROR"), out
+        assert ("anybind op 'mul': the compiled function: a program exported with another "
+                "function or export_version under the name 'mul' runs here") in out

@@ -332,7 +332,7 @@ def bind(fn: Callable, *, shape: Any = None, jvp: Callable | None = None,
          name: str | None = None, examples: Callable[[], tuple] | None = None,
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
-         host: Callable | None = None) -> Op: ...
+         host: Callable | None = None, export_version: str | int | None = None) -> Op: ...
 
 
 @overload
@@ -343,7 +343,8 @@ def bind(fn: None = None, *, shape: Any = None, jvp: Callable | None = None,
          name: str | None = None, examples: Callable[[], tuple] | None = None,
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
-         host: Callable | None = None) -> Callable[[Callable], Op]: ...
+         host: Callable | None = None,
+         export_version: str | int | None = None) -> Callable[[Callable], Op]: ...
 
 
 def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None = None,
@@ -353,7 +354,8 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
          name: str | None = None, examples: Callable[[], tuple] | None = None,
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
-         host: Callable | None = None) -> Op | Callable[[Callable], Op]:
+         host: Callable | None = None,
+         export_version: str | int | None = None) -> Op | Callable[[Callable], Op]:
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -417,6 +419,10 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
       host: the host function that stands in for a ``device=True`` function in
         programs compiled for the CPU (same signature, NumPy arrays). Without
         one, lowering such a program raises.
+      export_version: part of the fingerprint that a program for ``jax.export``
+        carries for each compiled function it calls: the program runs only where
+        the op is bound with the same function name and ``export_version``
+        (change it when the compiled code changes under the same name).
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",

@@ -85,6 +85,7 @@ class Options:
     symmetric: bool = False
     device: bool = False
     host: Callable | None = None
+    export_version: str | int | None = None
 
 
 class CoreOp:
@@ -96,6 +97,7 @@ class CoreOp:
         o = options
         self.fn = fn
         self.name = _primitive_name(o.name or getattr(fn, "__name__", None) or "op")
+        self.export_version = o.export_version  # in an exported call's fingerprint
         _lowering.adopt(self, "function", fn, o.traced, o.device, o.host, "ab.bind")
         self.shape = o.shape
         if isinstance(o.linear, (tuple, list)):

@@ -227,6 +227,7 @@ class _Name:
     kind: str
     ops: weakref.WeakSet  # the live ops bound under it, all with this function
     locals: dict  # address -> the key of (name, that function): key_of("name#i")
+    fingerprint: int = 0  # what a program exported with it carries (``fingerprint``)
 
 
 _names: dict[str, _Name] = {}
@@ -248,6 +249,20 @@ def key_of(name: str) -> int:
     """The shim's 63-bit key for a stable name (FNV-1a would do; blake2b is at hand)."""
     h = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
     return (h & 0x7FFF_FFFF_FFFF_FFFF) or 1
+
+
+def fingerprint(op, kind: str, fn) -> int:
+    """What a program exported with ``fn`` as ``op``'s ``kind`` carries, and the shim checks.
+
+    A hash of the stable name (the op's name and the role), the function's own
+    name (a ctypes symbol's, a Numba cfunc's Python function's; cffi pointers
+    have none) and ``ab.bind(export_version=)``. It tells a different function
+    or version under one name apart; it cannot see code that changed under the
+    same function name and version.
+    """
+    own = getattr(fn, "__name__", None) or getattr(getattr(fn, "_pyfunc", None),
+                                                     "__name__", "")
+    return key_of(repr((_base(op.name, kind), own, op.export_version)))
 
 
 def adopt(op, kind: str, fn, traced: bool) -> None:
@@ -278,9 +293,10 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
     address = _address(fn, what)
     name = _base(op.name, kind)
     text = f"anybind op '{op.name}': the compiled {role}"
+    fp = fingerprint(op, kind, fn)
     with _lock:
         entry = _names.get(name)
-        if entry is not None and entry.address != address:
+        if entry is not None and (entry.address != address or entry.fingerprint != fp):
             holders = [o for o in entry.ops if o is not op]
             if holders:
                 raise ValueError(
@@ -288,10 +304,10 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
                     f"which another live op ({holders[0]!r}) binds to a different function. "
                     f"A program for jax.export calls its functions by name, so a name means "
                     f"one function: give this op another name= (or drop the other op first)")
-        if entry is None or entry.address != address:
-            _bind(lib, key_of(name), address, name, text, validate=True)
+        if entry is None or entry.address != address or entry.fingerprint != fp:
+            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp)
             locals_ = {} if entry is None else entry.locals
-            entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_)
+            entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_, fp)
             _by_key[key_of(name)] = entry
         if address not in entry.locals:  # "#" is in no name: no stable key is one of these
             entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
@@ -300,8 +316,9 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
         _keep.setdefault(address, fn)
 
 
-def _bind(lib, key: int, address: int, name: str, text: str, validate: bool) -> None:
-    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate))
+def _bind(lib, key: int, address: int, name: str, text: str, validate: bool,
+          fp: int = 0) -> None:
+    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate), fp)
     if status != 0:
         raise MemoryError(f"{text}: the FFI shim could not bind it (status {status})")
 
@@ -469,6 +486,8 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
         tree = _signatures.tree_text(call.args_tree, call.kw_tree)  # this call checks it
         if tree is not None:
             attrs["anybind_tree"] = tree
+        # what it is exported with: it runs only where the name's binding is the same
+        attrs["anybind_fingerprint"] = np.uint64(_names[name].fingerprint).view(np.int64)
     sub = ctx.replace(avals_in=in_avals, avals_out=outs)
     results = jax.ffi.ffi_lowering(TARGET, has_side_effect=has_side_effect)(
         sub, *[v for v, _ in ins], **attrs)

@@ -12,6 +12,10 @@
  *                          call and name the elements still holding it after
  *   anybind_tree   string  (optional, export) the call's argument structure, for Python
  *                          to check operands it has not seen against the op's shape rule
+ *   anybind_fingerprint  int64  (export) what the program was exported with: a hash of
+ *                          the stable name, the function's own name and the version the
+ *                          user gave (ab.bind(export_version=)); a call by stable name
+ *                          runs only where its binding's fingerprint is the same
  *
  * and the handler calls the function with anybind's C calling convention
  * (documented in docs/guides/compiled.md and in _compiled.py):
@@ -74,6 +78,7 @@ typedef struct {
   char *name; /* the stable name a call must give */
   size_t name_len;
   int64_t validate; /* 1: ask the validator about operands not allowed yet */
+  uint64_t fingerprint; /* a by-name binding's: what a call by its name must carry */
   allowed *first;
 } binding;
 
@@ -131,7 +136,7 @@ static char *copy_of(const char *s) {
 /* Bind `key` to `fn` (a new binding, with nothing allowed yet), replacing any
    binding it had. 0: done; 2: out of memory. */
 int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
-                     int64_t validate) {
+                     int64_t validate, uint64_t fingerprint) {
   if (key == 0) key = 1;
   binding *b = calloc(1, sizeof(binding));
   if (b == NULL) return 2;
@@ -139,6 +144,7 @@ int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
   b->name = copy_of(name);
   b->what = copy_of(what);
   b->validate = validate;
+  b->fingerprint = fingerprint;
   if (b->name == NULL || b->what == NULL) return 2;
   b->name_len = strlen(b->name);
   table *t = current;
@@ -217,7 +223,7 @@ void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 3; }
+int32_t anybind_shim_version(void) { return 4; }
 
 /* ------------------------------------------------------------- helpers */
 
@@ -371,6 +377,7 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
   const XLA_FFI_Api *api = frame->api;
   uint64_t key = 0;
   int64_t rows = 0, debug = 0;
+  uint64_t fingerprint = 0;
   const XLA_FFI_ByteSpan *name = NULL, *tree = NULL;
   for (int64_t i = 0; i < frame->attrs.size; ++i) {
     const XLA_FFI_ByteSpan *a = frame->attrs.names[i];
@@ -380,6 +387,7 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
       if (ATTR_IS(a, "anybind_key")) key = *(const uint64_t *)s->value;
       else if (ATTR_IS(a, "anybind_rows")) rows = *(const int64_t *)s->value;
       else if (ATTR_IS(a, "anybind_debug")) debug = *(const int64_t *)s->value;
+      else if (ATTR_IS(a, "anybind_fingerprint")) fingerprint = *(const uint64_t *)s->value;
     } else if (frame->attrs.types[i] == XLA_FFI_AttrType_STRING) {
       if (ATTR_IS(a, "anybind_name")) name = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
       else if (ATTR_IS(a, "anybind_tree")) tree = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
@@ -402,6 +410,16 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     snprintf(msg, sizeof msg, "%s: a program called it as '%s', which is not its name; "
              "the program was not lowered by anybind for this op", e->what, called);
     return fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+  }
+  if (e->validate && fingerprint != e->fingerprint) { /* a call by stable name: an export */
+    snprintf(msg, sizeof msg,
+             "%s: a program exported with %s under the name '%s' runs here (the program's "
+             "fingerprint %016llx, this process's %016llx). Bind the function it was "
+             "exported with, under the same export_version, or export the program again",
+             e->what, fingerprint ? "another function or export_version"
+                                  : "no fingerprint (by an older anybind)",
+             e->name, (unsigned long long)fingerprint, (unsigned long long)e->fingerprint);
+    return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
   }
 
   int64_t n_in = frame->args.size, n_out = frame->rets.size, n = n_in + n_out;
