@@ -104,6 +104,8 @@ def effects(fn, leaves: list, rebuild) -> Effects:
                 fn(*args, **kw)
     except Exception:  # noqa: BLE001  (what fake tensors cannot run: assume the worst)
         return UNKNOWN
+    if not watch.writes and not watch.random:
+        return NONE  # (the hot path tests for it by identity)
     return Effects(frozenset(index[i] for i in watch.writes), watch.random)
 
 

@@ -354,17 +354,22 @@ def _np_view(t: torch.Tensor) -> np.ndarray:
     """A read-only NumPy view of a CPU tensor (a copy only for other devices)."""
     if t.requires_grad:
         t = t.detach()
+    try:  # refuses symbolic zeros, other devices, lazy conj/neg and bfloat16: below
+        v = t.numpy()
+    except (RuntimeError, TypeError):
+        v = _np_view_slow(t)
+    v.flags.writeable = False
+    return v
+
+
+def _np_view_slow(t: torch.Tensor) -> np.ndarray:
     if _torch.is_zerotensor(t):  # forward AD's symbolic zeros (a tangent nobody set) have no data
-        v = np.zeros(tuple(t.shape), _TORCH_TO_NP[t.dtype])
-        v.flags.writeable = False
-        return v
+        return np.zeros(tuple(t.shape), _TORCH_TO_NP[t.dtype])
     if not t.is_cpu:
         t = t.cpu()
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    v = _numpy(t)
-    v.flags.writeable = False
-    return v
+    return _numpy(t)
 
 
 def vmapped(fn: Callable[..., list], mask: Sequence[bool], size: int) -> Callable[..., list]:

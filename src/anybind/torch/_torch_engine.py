@@ -81,6 +81,10 @@ def as_numpy(t) -> np.ndarray:
         return t
     if t.requires_grad:
         t = t.detach()
+    try:  # refuses lazy conj/neg and bfloat16: below
+        return t.numpy()
+    except (RuntimeError, TypeError):
+        pass
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
@@ -163,6 +167,13 @@ class TorchHost:
                 if key is not None:
                     self._effects[key] = eff
             views, ts = [], []
+            if eff is _effects.NONE:
+                ts = [as_tensor(a) if isinstance(a, (np.ndarray, np.generic)) else a
+                      for a in leaves]
+                a, k = tree.unflatten(ts)
+                out = self.fn(*a, **k)
+                _untouched(self.__name__, [t for t in ts if isinstance(t, torch.Tensor)])
+                return _as_numpy_tree(out)
             for i, a in enumerate(leaves):
                 if isinstance(a, (np.ndarray, np.generic)):
                     if eff.copies(i):
@@ -355,8 +366,7 @@ def _by_autograd(g, xs, cts_of: Callable) -> tuple:
         used = [(o, c) for o, c in zip(outs, cts) if o.requires_grad]
         keep = any(x.requires_grad for x in xs) or any(
             c is not None and c.requires_grad for c in cts)
-        got = torch.autograd.grad([o for o, _ in used], vs, [c for _, c in used],
-                                  allow_unused=True, create_graph=keep) \
+        got = _torch.autograd_grad([o for o, _ in used], vs, [c for _, c in used], keep) \
             if used else [None] * len(vs)
     return tuple(torch.zeros_like(x) if c is None else c for x, c in zip(xs, got))
 
