@@ -122,12 +122,42 @@ def _grad(f):
     return jax.grad(lambda a, b: f(a, b).sum(), argnums=(0, 1))
 
 
+FLOOR = "floor (JAX half + torch half)"
+
+
+def _add_floor(out: dict) -> None:
+    """The floor row: the two halves' times, each measured alone in the same run, added."""
+    for what in out.values():
+        for row in what.values():
+            halves = [row.pop(k, None) for k in ("floor: JAX half", "floor: torch half")]
+            if all(halves):
+                row[FLOOR] = {k: halves[0][k] + halves[1][k] for k in ("min_us", "median_us")}
+
+
+def _torch_in_jax_floors(x1, x2) -> dict:
+    """The halves of a call of torch code in JAX: a jitted anybind host call of the same
+    f in NumPy (with a NumPy vjp rule), and f in torch on tensors (forward, backward)."""
+    host = ab.bind(lambda a, b: a * b ** 2, shape=ab.like(0), name="f_numpy",
+                   vjp=lambda p, ct: (p[1] ** 2 * ct, 2 * p[0] * p[1] * ct))
+    fwd, grd = jax.jit(host), jax.jit(_grad(host))
+    t1, t2 = torch.from_numpy(x1.copy()), torch.from_numpy(x2.copy())
+
+    def torch_grad():
+        a, b = t1.detach().requires_grad_(), t2.detach().requires_grad_()
+        y = tf(a, b)
+        return torch.autograd.grad(y, [a, b], torch.ones_like(y))
+    return {"floor: JAX half|forward": run._thunk(fwd, (x1, x2)),
+            "floor: JAX half|jit(grad)": run._thunk(grd, (x1, x2)),
+            "floor: torch half|forward": lambda: tf(t1, t2),
+            "floor: torch half|jit(grad)": torch_grad}
+
+
 def time_torch_in_jax(repeats: int, sample_s: float, errors: dict) -> dict:
     out: dict = {"forward": {}, "jit(grad)": {}}
     for n in SIZES:
         x1, x2 = np.random.default_rng(0).random((2, n))
         want = (jf(x1, x2), _grad(jf)(x1, x2))
-        thunks = {}
+        thunks = _torch_in_jax_floors(x1, x2)
         for name, make in torch_in_jax(n).items():
             try:
                 f = make()
@@ -145,6 +175,7 @@ def time_torch_in_jax(repeats: int, sample_s: float, errors: dict) -> dict:
         for key, r in res.items():
             name, what = key.split("|")
             out[what].setdefault(n, {})[name] = {k: r[k] for k in ("min_us", "median_us")}
+    _add_floor(out)
     return out
 
 
@@ -276,6 +307,43 @@ def _backward(f, t1, t2):
     return run_
 
 
+class _Identity(torch.autograd.Function):
+    """The torch half of a torch operation: an autograd.Function that does nothing."""
+
+    @staticmethod
+    def forward(a, b):
+        return a.view_as(a)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _jax_in_torch_floors(t1, t2, g1, g2) -> dict:
+    """The halves of a call of JAX code in torch: jit(f) (and its jitted vjp) on NumPy
+    views of the tensors, and a torch operation that computes nothing (forward, backward)."""
+    a, b = t1.numpy(), t2.numpy()
+    f = jax.jit(jf)
+    vjp = jax.jit(lambda a, b, c: jax.vjp(jf, a, b)[1](c))
+    ones = np.ones_like(a)
+
+    def jax_both():
+        np.asarray(f(a, b))
+        return [np.asarray(v) for v in vjp(a, b, ones)]
+
+    def torch_both():
+        y = _Identity.apply(g1, g2)
+        return torch.autograd.grad(y, [g1], torch.ones_like(y))
+    return {"floor: JAX half|forward": lambda: np.asarray(f(a, b)),
+            "floor: JAX half|forward+backward": jax_both,
+            "floor: torch half|forward": lambda: _Identity.apply(t1, t2),
+            "floor: torch half|forward+backward": torch_both}
+
+
 def time_jax_in_torch(repeats: int, sample_s: float, errors: dict) -> dict:
     out: dict = {"forward": {}, "forward+backward": {}}
     for n in SIZES:
@@ -283,7 +351,7 @@ def time_jax_in_torch(repeats: int, sample_s: float, errors: dict) -> dict:
                   for _ in range(2))  # torch's own (aligned) memory
         g1, g2 = t1.clone().requires_grad_(), t2.clone().requires_grad_()
         want = tf(t1, t2)
-        thunks = {}
+        thunks = _jax_in_torch_floors(t1, t2, g1, g2)
         for name, make in jax_in_torch(t1).items():
             try:
                 f = make()
@@ -301,6 +369,7 @@ def time_jax_in_torch(repeats: int, sample_s: float, errors: dict) -> dict:
         for key, r in res.items():
             name, what = key.split("|")
             out[what].setdefault(n, {})[name] = {k: r[k] for k in ("min_us", "median_us")}
+    _add_floor(out)
     return out
 
 
@@ -400,6 +469,11 @@ def _times(title: str, res: dict, base: str) -> str:
             row.append("–" if r is None else f"{run._fmt(r['min_us'])} ({run._fmt(r['median_us'])})"
                        + ("" if b is None or name == base else f" ×{r['min_us'] / b['min_us']:.2g}"))
         rows.append(row)
+    row = ["anybind ÷ floor"]
+    for n in SIZES:
+        r, f = res.get(n, {}).get("anybind"), res.get(n, {}).get(FLOOR)
+        row.append("–" if r is None or f is None else f"{r['min_us'] / f['min_us']:.2f}")
+    rows.append(row)
     return "\n".join([f"**{title}** — µs per call, min (median), ×: min over {base}'s", "",
                       run._md(["route"] + [f"n = {n:,}" for n in SIZES], rows)])
 
