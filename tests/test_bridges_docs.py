@@ -9,6 +9,8 @@ import re
 import jax
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the bridges' docs pages, in processes of their own
+
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 PAGES = ["guides/bridges.md", "migration/torch2jax.md"]
 

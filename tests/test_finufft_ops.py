@@ -21,6 +21,8 @@ import pytest
 
 from helpers import check_first_order
 
+pytestmark = pytest.mark.slow  # a ported suite: jax-finufft's own ops tests
+
 pytest.importorskip("ducc0")
 finufft = pytest.importorskip("anybind.contrib.finufft")
 nufft1, nufft2, nufft3, Opts = finufft.nufft1, finufft.nufft2, finufft.nufft3, finufft.Opts

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # a ported suite: jax-finufft's own options tests
+
 pytest.importorskip("ducc0")
 finufft = pytest.importorskip("anybind.contrib.finufft")
 options = finufft.options

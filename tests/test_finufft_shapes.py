@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
+pytestmark = pytest.mark.slow  # a ported suite: jax-finufft's own shapes tests
+
 pytest.importorskip("ducc0")
 shapes = pytest.importorskip("anybind.contrib._finufft_shapes")
 
