@@ -25,7 +25,7 @@ import numpy as np
 from ..core import _jax, _lifetime
 from ..core._lowering import Site
 from ._host import (Slot, cpu_only, emit, host_callback, kept_views, not_exported, platform,
-                    release_frames, runner_for)
+                    release_frames, repoint_kept, runner_for)
 
 TARGET = "xla_buffer_python_cpu_callback"
 
@@ -71,6 +71,17 @@ def _held(views: list) -> bool:
     return False
 
 
+def _to_copies(ins: list, outs: list) -> None:
+    """Point the held views, and the views derived from them, at private copies."""
+    kept = []
+    for views in (ins, outs):
+        for v in views:
+            if getrefcount(v) > 3:  # the list, the name v, and getrefcount's argument
+                base = v.base if isinstance(v.base, np.ndarray) else v  # (ml_dtypes' views)
+                kept.append((base, v.__array_interface__["data"][0], v.nbytes, v.copy()))
+    repoint_kept(kept)
+
+
 def buffer_callback(guarded: Callable, n_out: int) -> Callable:
     """``guarded`` as XLA's buffer callback: ``callback(exec_ctx, *ins, *outs)`` on Buffers.
 
@@ -78,8 +89,9 @@ def buffer_callback(guarded: Callable, n_out: int) -> Callable:
     ``_ReadOnly`` window for an input), so every view NumPy derives from it
     holds the view itself: a view that host code keeps past the call, or one
     derived from it, shows as a reference to the view that the call did not
-    give back, and the call fails with an error naming it. A failed call's
-    traceback lets go of the views it holds.
+    give back, and the call fails with an error naming it; the views held, and
+    those derived from them that Python can find, are pointed at private copies.
+    A failed call's traceback lets go of the views it holds.
     """
     what = getattr(guarded, "what", "anybind host code")
 
@@ -94,13 +106,16 @@ def buffer_callback(guarded: Callable, n_out: int) -> Callable:
                 release_frames(e, False)
                 if _held(ins) or _held(outs):
                     release_frames(e, True)
+                    _to_copies(ins, outs)
             raise
         if _held(ins) or _held(outs):
             _jax.collect_garbage()  # jaxlib's garbage (what a transfer held) may hold them,
             gc.collect()  # or garbage awaiting the collector (reference cycles)
             if _held(ins) or _held(outs):
-                kept_views(what, [i for i in range(n) if getrefcount(ins[i]) > 2],  # list, arg
-                           [j for j in range(n_out) if getrefcount(outs[j]) > 2])
+                kept_in = [i for i in range(n) if getrefcount(ins[i]) > 2]  # list, argument
+                kept_out = [j for j in range(n_out) if getrefcount(outs[j]) > 2]
+                _to_copies(ins, outs)
+                kept_views(what, kept_in, kept_out)
         return ()
     return callback
 

@@ -262,7 +262,7 @@ def fingerprint(op, kind: str, fn) -> int:
     """
     own = getattr(fn, "__name__", None) or getattr(getattr(fn, "_pyfunc", None),
                                                      "__name__", "")
-    return key_of(repr((_base(op.name, kind), own, op.export_version)))
+    return key_of(repr((_base(op.name, kind), own, getattr(op, "export_version", None))))
 
 
 def adopt(op, kind: str, fn, traced: bool) -> None:

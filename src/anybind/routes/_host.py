@@ -17,6 +17,8 @@ piece                 what it does
                       the op's ``HostError`` (kept for eager callers, ``ab.debug``)
 ``kept_views``        the error of a call whose host code kept views of XLA's
                       buffers past its end (found by the routes, by reference counts)
+``repoint_kept``      kept views (and views derived from them) that Python can
+                      find, pointed at private copies of the buffers they view
 ``release_frames``    what a failed call's traceback holds of XLA's buffers, let go
 ``not_exported``      Python code in a program for ``jax.export``: a clear error
 ``platform``          the one platform of a lowering
@@ -25,7 +27,9 @@ piece                 what it does
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import os
 import threading
 from typing import Callable, Sequence
@@ -336,6 +340,79 @@ def kept_views(what: str, inputs: Sequence[int], outputs: Sequence[int]) -> None
         f"after it). Keep a copy instead (np.array(x))")
     remember_recent_host_error(err)
     raise err
+
+
+def repoint_kept(kept: list) -> None:
+    """Point the kept views of XLA's buffers that Python can find at private copies.
+
+    ``kept``: ``(base, start, size, copy)`` per operand whose views host code
+    kept past the call: the base its views share (the FFI handler's lease, the
+    buffer callback's view itself), the address and size of the buffer they
+    view, and a byte-for-byte copy of it. Every array reachable from an object
+    that Python's collector tracks (lists, dicts, frames, closures, instances;
+    tuples and dicts it stopped tracking are looked into) whose chain of bases
+    reaches one of those bases is found; an array reachable only from C, or a
+    ``memoryview`` that holds a buffer's address itself, is not. This walks
+    Python's heap once, on the error path only.
+    """
+    by_base = {id(entry[0]): entry for entry in kept}
+    seen: set[int] = set()
+
+    def look(r, depth: int) -> None:
+        if issubclass(type(r), np.ndarray):  # type(), not isinstance: no __class__ is run
+            if id(r) in seen:
+                return
+            seen.add(id(r))
+            base = r
+            while issubclass(type(base), np.ndarray):
+                entry = by_base.get(id(base))
+                if entry is not None:
+                    _, start, size, copy = entry
+                    _repoint(r, start, size, copy)
+                    return
+                base = base.base
+        elif depth < 4 and type(r) in (tuple, dict, list) and not gc.is_tracked(r):
+            for x in (r.values() if type(r) is dict else r):
+                look(x, depth + 1)
+
+    for o in gc.get_objects():
+        for r in gc.get_referents(o):
+            look(r, 0)
+    for entry in kept:  # the views themselves, wherever they are held
+        look(entry[0], 0)
+
+
+def _repoint(a: np.ndarray, start: int, size: int, copy: np.ndarray) -> bool:
+    """Point ``a``, whose data lies in the ``size`` bytes at ``start``, at the same place
+    in ``copy``; whether it did. The FFI handler's own function where it is built; else
+    the same two stores into NumPy's public array struct (``PyArrayObject_fields``:
+    ``data`` after the object header, ``base`` after ``nd``, ``dimensions`` and
+    ``strides``), with the references counted as NumPy counts them."""
+    try:
+        from . import _pycall
+    except ImportError:
+        pass
+    else:
+        return bool(_pycall.repoint(a, start, size, copy))
+    word = ctypes.sizeof(ctypes.c_void_p)
+    data = ctypes.c_void_p.from_address(id(a) + 2 * word)
+    at = data.value or 0
+    if not (start <= at < start + size or at == start):
+        return False
+    base = ctypes.c_void_p.from_address(id(a) + 6 * word)
+    old = base.value
+    _incref(id(copy))
+    data.value = copy.ctypes.data + (at - start)
+    base.value = id(copy)
+    if old:
+        _decref(old)
+    return True
+
+
+_incref = ctypes.pythonapi.Py_IncRef
+_incref.argtypes, _incref.restype = [ctypes.c_void_p], None
+_decref = ctypes.pythonapi.Py_DecRef
+_decref.argtypes, _decref.restype = [ctypes.c_void_p], None
 
 
 def release_frames(exc: BaseException, everything: bool) -> None:

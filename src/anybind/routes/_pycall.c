@@ -24,7 +24,7 @@
  * caller's JAX array cannot change. XLA reuses the buffers once the call
  * returns, so a view, or a view derived from one, that host code keeps past
  * the call is caught there: a kept view, and every view derived from one that
- * Python can find (_pyffi.repoint_derived), is pointed at a private copy of its
+ * Python can find (_host.repoint_kept), is pointed at a private copy of its
  * data, and the call fails with a HostError naming the op and the operand
  * (_host.kept_views).
  *
@@ -297,7 +297,7 @@ static int check_signature(XLA_FFI_CallFrame *frame, PyObject *sig, PyObject *wh
 
 static PyObject *on_kept = NULL;    /* _host.kept_views(what, inputs, outputs): raises */
 static PyObject *on_failure = NULL; /* _host.release_frames(exc, everything) */
-static PyObject *on_derived = NULL; /* _pyffi.repoint_derived([(lease, start, size, copy)]) */
+static PyObject *on_derived = NULL; /* _host.repoint_kept([(lease, start, size, copy)]) */
 static PyObject *on_held = NULL;    /* core._jax.collect_garbage(): jaxlib's garbage, freed */
 
 static void release_frames(PyObject *exc, int everything) {
@@ -323,7 +323,7 @@ typedef struct {
 } keeping;
 
 /* Points every view derived from a kept operand's view that Python can find
-   (_pyffi.repoint_derived) at that operand's copy. */
+   (_host.repoint_kept) at that operand's copy. */
 static void repoint_derived(PyObject **vs, PyObject **ls, keeping *k, int64_t n) {
   PyObject *list = on_derived != NULL ? PyList_New(0) : NULL;
   for (int64_t i = 0; list != NULL && i < n; ++i) {

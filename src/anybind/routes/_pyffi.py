@@ -33,7 +33,6 @@ key nor hand host code operands it was not written for.
 """
 from __future__ import annotations
 
-import gc
 import secrets
 import threading
 import warnings
@@ -46,7 +45,7 @@ from ..core import _jax, _lifetime
 from ..core._lowering import Site
 from . import _dtypes
 from ._host import (Slot, emit, host_callback, kept_views, not_exported, release_frames,
-                    runner_for, single_platform)
+                    repoint_kept, runner_for, single_platform)
 
 TARGET = "anybind_python"
 ATTRIBUTE = "anybind_callback"
@@ -100,7 +99,7 @@ def _load():
     import jax.ffi
     import ml_dtypes
     _pycall.set_registry(_registry)
-    _pycall.set_hooks(kept_views, release_frames, repoint_derived, _jax.collect_garbage)
+    _pycall.set_hooks(kept_views, release_frames, repoint_kept, _jax.collect_garbage)
     for name, code in _CODES.items():
         dtype = getattr(ml_dtypes, name, None) if name.startswith(("bfloat", "float8")) \
             else np.dtype(name)
@@ -109,49 +108,6 @@ def _load():
             _viewable.add(name)
     jax.devices("cpu")  # XLA asks the handler for its version: only once a backend exists
     jax.ffi.register_ffi_target(TARGET, _pycall.handler(), platform="cpu")
-    return _pycall
-
-
-def repoint_derived(kept: list) -> None:
-    """Point the views derived from kept views that Python can find at private copies.
-
-    ``kept``: ``(lease, start, size, copy)`` per operand whose derived views host
-    code kept past the call: the base those views share (``_pycall.c``), the
-    address and size of the buffer they view, and a copy of it. Every array
-    reachable from an object that Python's collector tracks (lists, dicts,
-    frames, closures, instances; tuples and dicts it stopped tracking are looked
-    into) is found; an array reachable only from C, or a ``memoryview`` that
-    holds a buffer's address itself, is not. This walks Python's heap once, on
-    the error path only.
-    """
-    by_lease = {id(entry[0]): entry for entry in kept}
-    seen: set[int] = set()
-    repoint = _pycall_module().repoint
-
-    def look(r, depth: int) -> None:
-        if isinstance(r, np.ndarray):
-            if id(r) in seen:
-                return
-            seen.add(id(r))
-            base = r.base
-            while isinstance(base, np.ndarray):
-                entry = by_lease.get(id(base))
-                if entry is not None:
-                    _, start, size, copy = entry
-                    repoint(r, start, size, copy)
-                    return
-                base = base.base
-        elif depth < 4 and type(r) in (tuple, dict, list) and not gc.is_tracked(r):
-            for x in (r.values() if type(r) is dict else r):
-                look(x, depth + 1)
-
-    for o in gc.get_objects():
-        for r in gc.get_referents(o):
-            look(r, 0)
-
-
-def _pycall_module():
-    from . import _pycall
     return _pycall
 
 
