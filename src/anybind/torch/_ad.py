@@ -203,7 +203,10 @@ def _primal_vjp(node: Node, xs, ks, rs, cts, ct_lin, need) -> list:
         return apply(node.derived("vjp", None, ct_lin, need), [*xs, *ks, *cts])
     avals = [a for a, k in zip(call.in_avals, need) if k]
     if vr is not None:
-        run = _vjp.vjp(call, vr.fn, ct_lin, need, TXP, (), vr.symbolic_zeros)
+        key = ("traced vjp", ct_lin, need)
+        run = node.plans.get(key)
+        if run is None:  # made once per pattern of zeros
+            run = node.plans[key] = _vjp.vjp(call, vr.fn, ct_lin, need, TXP, (), vr.symbolic_zeros)
         return _checked(node, "vjp", "vjp rule", run, [*xs, *ks, *cts], avals)
     if jr is not None and jr.traced:  # the vjp is the transpose of the traced jvp
         run = _jvp.jvp(call, jr.fn, need, TXP, (), jr.symbolic_zeros)
@@ -337,7 +340,10 @@ def _primal_jvp(node: Node, xs, ks, rs, ts, present) -> list:
     if jr is not None and not jr.traced:
         return apply(node.derived("jvp", None, present, None), [*xs, *ks, *rs, *ts])
     if jr is not None:
-        run = _jvp.jvp(call, jr.fn, present, TXP, (), jr.symbolic_zeros)
+        key = ("traced jvp", present)
+        run = node.plans.get(key)
+        if run is None:  # made once per pattern of zeros
+            run = node.plans[key] = _jvp.jvp(call, jr.fn, present, TXP, (), jr.symbolic_zeros)
         return _checked(node, "jvp", "jvp rule", run, [*xs, *ks, *rs, *ts], avals)
     if vr is not None and vr.traced and not uses_residuals(call):
         run = _vjp.vjp(call, vr.fn, call.float_out, present, TXP, (), vr.symbolic_zeros)
