@@ -442,3 +442,48 @@ def test_an_exported_call_runs_only_where_its_fingerprint_matches(tmp_path):
         assert out.startswith("ERROR"), out
         assert ("anybind op 'mul': the compiled function: a program exported with another "
                 "function or export_version under the name 'mul' runs here") in out
+
+
+# -------------------------------------------- F13: shape-polymorphic export
+
+@pytest.mark.parametrize("kind", ["compiled", "traced"])
+def test_compiled_and_traced_ops_export_with_symbolic_dimensions(kind):
+    seen = []
+
+    def spec(x, y):  # the shape rule receives the symbolic dimension
+        seen.append(x.shape)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    if kind == "compiled":
+        import compiled_ops
+        k = compiled_ops.clib("ctypes")
+        op = ab.bind(k["mul"], shape=spec, jvp=k["mul_jvp"], vjp=k["mul_vjp"],
+                     name="poly_compiled")
+    else:
+        op = ab.bind(lambda x, y: x * y**2, traced=True, name="poly_traced")
+    n, = jax.export.symbolic_shape("n")
+    vec, mat = (jax.ShapeDtypeStruct(s, np.float64) for s in ((n,), (n, 3)))
+    x, y = np.arange(5.0), np.linspace(1, 2, 5)
+    cases = [(jax.jit(op), (vec, vec), (x, y)),
+             (jax.jit(jax.vmap(op)), (mat, mat), (np.outer(x, [1, 2, 3]), np.ones((5, 3)))),
+             (jax.jit(jax.grad(lambda a, b: op(a, b).sum(), argnums=(0, 1))), (vec, vec), (x, y))]
+    with jax.enable_x64(True):
+        for f, specs, args in cases:
+            exported = jax.export.deserialize(jax.export.export(f)(*specs).serialize())
+            for got, want in zip(jax.tree.leaves(exported.call(*args)),
+                                 jax.tree.leaves(f(*args))):
+                np.testing.assert_allclose(got, want, rtol=1e-12)
+    if kind == "compiled":
+        assert any(_jax_symbolic(s[0]) for s in seen)
+
+
+def _jax_symbolic(d) -> bool:
+    from anybind.core import _jax
+    return _jax.is_symbolic_dim(d)
+
+
+def test_host_ops_keep_their_clear_refusal_of_export():
+    op = ab.bind(lambda x: 2 * x, shape=ab.like(0), name="poly_host")
+    n, = jax.export.symbolic_shape("n")
+    with pytest.raises(ValueError, match=r"anybind op 'poly_host': its function is Python "
+                                         r"host code, which jax.export cannot serialise"):
+        jax.export.export(jax.jit(op))(jax.ShapeDtypeStruct((n,), np.float32))

@@ -45,6 +45,7 @@ eval_jaxpr = _core.eval_jaxpr                     # closure-converted code repla
 jaxpr_as_fun = _xcore.jaxpr_as_fun                # a closed jaxpr as a function (0.4.30)
 trace_ctx = _core.trace_ctx                       # the current trace: is a call under one (0.4.36)
 EvalTrace = _core.EvalTrace                       # the trace of eager evaluation (0.4.36)
+is_symbolic_dim = _core.is_symbolic_dim           # a jax.export symbolic dimension (0.4.24)
 
 # ------------------------------------------------------------ rule tables
 primitive_jvps = _ad.primitive_jvps               # jvp rule per primitive (0.4)

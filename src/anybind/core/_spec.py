@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax import tree_util
 
-from ._jax import ShapedArray, Tracer, canonicalize_dtype, issubdtype
+from ._jax import ShapedArray, Tracer, canonicalize_dtype, is_symbolic_dim, issubdtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,10 +366,12 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"shape and dtype (jax.ShapeDtypeStruct), but at "
                 f"{tree_util.keystr(path) or 'the root'} it holds {leaf!r}")
         shape = tuple(leaf.shape)
-        if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape):
+        if not all(is_symbolic_dim(d) or (isinstance(d, (int, np.integer)) and d >= 0)
+                   for d in shape):
             raise TypeError(
-                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the shape {shape}; every dimension "
-                f"must be a non-negative integer")
+                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the shape "
+                f"{shape}; every dimension must be a non-negative integer (or a symbolic "
+                f"dimension of jax.export)")
         try:
             dtype = canonicalize_dtype(leaf.dtype)
         except TypeError as e:
@@ -380,7 +382,8 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
             raise TypeError(
                 f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype "
                 f"{str(np.dtype(dtype))!r}, which no JAX array has (a number or bool dtype)")
-        out_avals.append(ShapedArray(tuple(int(d) for d in shape), dtype))
+        out_avals.append(ShapedArray(
+            tuple(d if is_symbolic_dim(d) else int(d) for d in shape), dtype))
         if wide is not None:
             wide.append(np.dtype(leaf.dtype) != np.dtype(dtype))
     paths = tuple(tree_util.keystr(p) for p, _ in leaves_with_path)

@@ -479,7 +479,9 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     in_avals = [a for _, a in ins]
     with _lock:  # the shim runs the function only on calls its binding was given
         _allow(key, rows, in_avals, outs)
-    attrs = dict(anybind_key=np.int64(key), anybind_name=name, anybind_rows=np.int64(rows))
+    # a batch of symbolic size (jax.export): -1, the shim reads it off the outputs
+    attrs = dict(anybind_key=np.int64(key), anybind_name=name,
+                 anybind_rows=np.int64(-1 if _jax.is_symbolic_dim(rows) else rows))
     if call.debug:  # outputs filled with a sentinel first, and checked after
         attrs["anybind_debug"] = np.int64(1)
     if for_export:  # how operands group into arguments: a process that never lowered

@@ -7,7 +7,9 @@
  *                          program for jax.export, a hash of the op's stable name
  *   anybind_name   string  that stable name ("f", "f.jvp", ...): must be the binding's
  *   anybind_rows   int64   0: call once; R > 0: call once per row of a batch of R,
- *                          with operands whose leading axis is 1 broadcast over the batch
+ *                          with operands whose leading axis is 1 broadcast over the batch;
+ *                          -1: likewise, R being the outputs' leading axis (a batch of
+ *                          symbolic size in a program for jax.export)
  *   anybind_debug  int64   (optional) 1: fill the outputs with a sentinel before the
  *                          call and name the elements still holding it after
  *   anybind_tree   string  (optional, export) the call's argument structure, for Python
@@ -223,7 +225,7 @@ void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 4; }
+int32_t anybind_shim_version(void) { return 5; }
 
 /* ------------------------------------------------------------- helpers */
 
@@ -460,6 +462,17 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     shapes[i] = b->dims;
     ranks[i] = b->rank;
     dtypes[i] = (int32_t)b->dtype;
+  }
+
+  if (rows < 0) { /* a batch of symbolic size: every output leads with it */
+    if (n_out < 1 || ranks[n_in] < 1) {
+      snprintf(msg, sizeof msg, "%s: a program called it by rows with no batched output",
+               e->what);
+      error = fail(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+      goto done;
+    }
+    rows = shapes[n_in][0];
+    if (rows == 0) goto done; /* an empty batch: nothing to call */
   }
 
   /* Only calls the binding allows: those lowered in this process, or (by stable
