@@ -16,7 +16,7 @@ piece               what it is
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
@@ -65,4 +65,5 @@ class Fixed:
             return next(self.layers)
         if label in self.choices:
             return self.choices[label]
-        return 0 if label.startswith(("in_axes", "argnum", "out_axes", "in_dims", "out_dims")) else None
+        leading = ("in_axes", "argnum", "out_axes", "in_dims", "out_dims")
+        return 0 if label.startswith(leading) else None

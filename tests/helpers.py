@@ -7,7 +7,6 @@ import numpy as np
 
 import anybind as ab
 
-
 SEED = 0
 
 

@@ -15,8 +15,14 @@ import pytest
 import torch
 
 import anybind as ab
-from helpers import (assert_close, assert_tree_close, randn, run_fresh_python, to_torch,
-                     tree_randn_like)
+from helpers import (
+    assert_close,
+    assert_tree_close,
+    randn,
+    run_fresh_python,
+    to_torch,
+    tree_randn_like,
+)
 
 
 def _np(t):
@@ -251,6 +257,7 @@ def test_importing_anybind_imports_no_torch():
 
 def test_docstring_examples():
     import doctest
+
     from anybind.torch import _bridges
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     for fn in (_bridges.from_torch, _bridges.to_torch):

@@ -13,10 +13,16 @@ import pytest
 from jax import lax
 
 import anybind as ab
-from anybind.routes import _shimlib
 import compiled_ops as co
-from helpers import (assert_close, check_first_order, check_transpose_identity,
-                     host_call_count, randn, run_fresh_python)
+from anybind.routes import _shimlib
+from helpers import (
+    assert_close,
+    check_first_order,
+    check_transpose_identity,
+    host_call_count,
+    randn,
+    run_fresh_python,
+)
 from ops import mul_ref
 
 X1, X2 = randn((2, 3)), randn((2, 3), seed=1)
@@ -290,6 +296,7 @@ def test_ab_check_verifies_compiled_rules(op):
 
 def test_docstring_examples_run():
     import doctest
+
     import anybind.contrib.nbody as nbody
     parser = doctest.DocTestParser()
     for obj in (ab.numba_signature, ab.ctypes_signature, ab.dtype_code, nbody):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from anybind.routes import _compiled
 import compiled_ops as co
+from anybind.routes import _compiled
 from helpers import assert_close, randn, run_fresh_python
 
 

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from helpers import (jvp_and_vjp, assert_close, check_first_order, host_call_count, randn,
-                     tree_inner)
+from helpers import assert_close, check_first_order, host_call_count, jvp_and_vjp, randn, tree_inner
 
 ducc0 = pytest.importorskip("ducc0")
 dj = pytest.importorskip("anybind.contrib.ducc0")

@@ -74,7 +74,7 @@ def test_eager_jit_and_vmap_keep_dtype(dtype, shape, x64):
     out = OPS["sequential"](x)  # eagerly
     assert out.dtype == want_dtype and out.shape == shape
     np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
-    for mode, op in OPS.items():
+    for op in OPS.values():
         out, vout = jax.jit(lambda x, xs: (op(x), jax.vmap(op)(xs)))(x, xs)
         assert out.dtype == want_dtype and out.shape == shape
         np.testing.assert_array_equal(np.asarray(out), np.asarray(want))

@@ -27,7 +27,7 @@ def _points(seed=0, m=40, nd=2):
 # ported from jax-finufft tests/freethreaded_test.py::test_threaded_pool_nufft1 (200
 # transforms of 300 points, not 1000 of 1000; jax-finufft skips it unless Python is
 # free-threaded, here it runs on every build: the host calls run on the pool's threads)
-@pytest.mark.slow  # a ported suite (jax-finufft's freethreaded tests), or tens of seconds of transforms
+@pytest.mark.slow  # ported (jax-finufft's freethreaded tests), or tens of seconds of transforms
 def test_threaded_pool_nufft1(N_transforms=200, N_points=300):
     rng = np.random.default_rng(42)
     modes, eps = 64, 1e-7
@@ -48,7 +48,7 @@ def test_threaded_pool_nufft1(N_transforms=200, N_points=300):
     check_close(sequential_results[7], nudft1(c_values[7], [x_values[7]], (modes,), 1), 1e-6)
 
 
-@pytest.mark.slow  # a ported suite (jax-finufft's freethreaded tests), or tens of seconds of transforms
+@pytest.mark.slow  # ported (jax-finufft's freethreaded tests), or tens of seconds of transforms
 def test_one_plan_from_many_threads():
     """ducc0's plans are not reentrant: calls of one plan from a pool take turns and give
     the sequential results (each thread its own values)."""
@@ -91,7 +91,7 @@ def test_plan3_matches_the_direct_sum(iflag):
     check_close(plan.nufft3(c, iflag=iflag), nudft3(c, [x, y], [s, t], iflag), 1e-9)
 
 
-@pytest.mark.slow  # a ported suite (jax-finufft's freethreaded tests), or tens of seconds of transforms
+@pytest.mark.slow  # ported (jax-finufft's freethreaded tests), or tens of seconds of transforms
 @pytest.mark.parametrize("kind", ["nufft1", "nufft2", "nufft3"])
 def test_plan_ops_derivatives_transposes_and_vmap(kind):
     x, y = _points(6)
@@ -142,7 +142,7 @@ def _cg(apply, b, iters):
     return jax.lax.fori_loop(0, iters, body, (x0, b, b, jnp.vdot(b, b).real))[0]
 
 
-@pytest.mark.slow  # a ported suite (jax-finufft's freethreaded tests), or tens of seconds of transforms
+@pytest.mark.slow  # ported (jax-finufft's freethreaded tests), or tens of seconds of transforms
 def test_cg_on_the_normal_operator_with_and_without_a_plan():
     """AᴴA with A = type 2 (modes ↦ points): one solve with a plan, one with nufft1/2,
     and one with the direct sums, the same to the solver's accuracy."""
@@ -169,7 +169,7 @@ def _compile(fn, *args):
     return jax.jit(lambda *a: fn(*a)).lower(*args).compile()
 
 
-@pytest.mark.slow  # a ported suite (jax-finufft's freethreaded tests), or tens of seconds of transforms
+@pytest.mark.slow  # ported (jax-finufft's freethreaded tests), or tens of seconds of transforms
 def test_a_plan_lives_as_long_as_its_ops():
     x, y = _points(10)
     plan = finufft.Plan((5, 4), x, y)

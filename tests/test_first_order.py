@@ -11,9 +11,15 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from helpers import (assert_tree_close, check_first_order, check_jvp_fd,
-                     check_transpose_identity, randn, tree_randn_like)
 import ops
+from helpers import (
+    assert_tree_close,
+    check_first_order,
+    check_jvp_fd,
+    check_transpose_identity,
+    randn,
+    tree_randn_like,
+)
 from ops import CASES
 
 CASE_NAMES = list(CASES)

@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import importlib.util
 import os
-from typing import Any, Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,7 @@ import anybind as ab
 import compiled_ops as co
 from fuzzing import Fixed, fuzz
 from helpers import assert_tree_close
-from ops import CASES, LINEAR_CASES, VMAP_MODES, Case, _mode, mul_ref
+from ops import CASES, LINEAR_CASES, VMAP_MODES, Case, mul_ref
 
 pytestmark = pytest.mark.slow  # fuzz: random stacks of transformations (hypothesis)
 

@@ -15,7 +15,6 @@ from anybind.core import _errors as _hostcall
 from anybind.routes import _pyffi as _hostffi
 from helpers import assert_close, host_call_count, randn
 
-
 # ----------------------------------------------------------------- exceptions
 
 def _raising(where: str):

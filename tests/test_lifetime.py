@@ -138,7 +138,7 @@ def test_dropped_op_leaves_the_rule_tables():
     op = _sin_op()
     x = jnp.linspace(0.0, 1.0, 4)
     assert_close(op(x), jnp.sin(x))
-    assert_close(jax.jit(jax.vmap(jax.grad(lambda v: op(v).sum())))(x[:, None])[:, 0],
+    assert_close(jax.jit(jax.vmap(jax.grad(lambda v: op(v).sum())))(x[:, None])[:, 0],  # noqa: F821
                  jnp.cos(x))
     prims = list(op._family.prims.values())
     assert len(prims) >= 3 and all(_in_tables(p) for p in prims)
@@ -159,7 +159,8 @@ def test_op_given_to_jax_as_the_function_is_collected(how):
     elif how == "make_jaxpr":
         assert "lifetime_make_jaxpr" in str(jax.make_jaxpr(op)(x))
     else:
-        assert_close(jax.jit(jax.grad(lambda v: jax.checkpoint(op)(v).sum()))(x), jnp.cos(x))
+        assert_close(jax.jit(jax.grad(lambda v: jax.checkpoint(op)(v).sum()))(x),  # noqa: F821
+                     jnp.cos(x))
     ref = weakref.ref(op._core)
     del op
     assert _collected(ref)
@@ -169,7 +170,7 @@ def test_compiled_program_keeps_its_op_alive():
     """A program compiled ahead of time runs after every Python reference is gone."""
     op = _sin_op("lifetime_aot")
     x = jnp.linspace(0.0, 1.0, 4)
-    compiled = jax.jit(lambda v: op(v) * 2).lower(x).compile()
+    compiled = jax.jit(lambda v: op(v) * 2).lower(x).compile()  # noqa: F821 (called before del)
     ref = weakref.ref(op._core)
     del op
     assert not _collected(ref)

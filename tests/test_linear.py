@@ -13,8 +13,14 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from helpers import (assert_tree_close, check_transpose_identity, randn, realify, tree_inner,
-                     tree_randn_like)
+from helpers import (
+    assert_tree_close,
+    check_transpose_identity,
+    randn,
+    realify,
+    tree_inner,
+    tree_randn_like,
+)
 from ops import LINEAR_CASES, VMAP_MODES, fft
 
 NAMES = list(LINEAR_CASES)

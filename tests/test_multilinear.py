@@ -7,7 +7,6 @@ functions that JAX transposes. Ops (``ops.MULTILINEAR_CASES``): JAXbind's
 two-output product (x, y) ↦ (x·y, x·y), a matrix–vector product linear in the
 matrix and in the vector, and a complex trilinear map with a pytree argument.
 """
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -173,9 +173,9 @@ def test_cli_reports_a_wrong_rule(tmp_path):
 def test_contrib_rules_check_where_they_split():
     """The contrib ops' rules hold where they split (ab.check's shard check)."""
     pytest.importorskip("ducc0")
+    from anybind.contrib._ducc0_sht import n_real_alm
     from anybind.contrib.ducc0 import c2c, healpix_synthesis, nu2u, r2c
     from anybind.contrib.scipy import jv
-    from anybind.contrib._ducc0_sht import n_real_alm
     cases = [
         (c2c, (randn((4, 6), np.complex128),), {"axes": (1,)}, ["factor 'a0'"]),
         (r2c, (randn((4, 6)),), {"axes": (1,)}, ["factor 'a0'"]),

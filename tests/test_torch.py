@@ -469,6 +469,7 @@ def test_command_line_check_through_torch(tmp_path, capsys):
 
 def test_docstring_examples():
     import doctest
+
     from anybind.torch._front import TorchOp
     parser, runner = doctest.DocTestParser(), doctest.DocTestRunner()
     for name, doc in [("Op.torch", ab.Op.torch.__doc__), ("TorchOp", TorchOp.__doc__)]:

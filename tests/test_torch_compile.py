@@ -5,7 +5,6 @@ traces it with fake tensors: the host code is the ``anybind::run`` library op,
 whose fake implementation comes from the output spec. References: eager op.torch
 and torch's own functions.
 """
-import numpy as np
 import pytest
 import torch
 

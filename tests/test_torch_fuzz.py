@@ -33,8 +33,8 @@ Profiles and the log are ``fuzzing.py``'s (``ANYBIND_FUZZ``,
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -43,7 +43,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzzing import Fixed, fuzz
-from ops import VMAP_MODES, axpy, fft, matvec, mul, sincos, scale, sort, tree
+from ops import VMAP_MODES, axpy, fft, matvec, mul, scale, sincos, sort, tree
 from test_fuzz import fwdbwd, inplace, traced_fn
 
 pytestmark = pytest.mark.slow  # fuzz: random stacks of torch.func transformations (hypothesis)

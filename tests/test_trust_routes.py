@@ -283,8 +283,8 @@ def test_a_compiled_message_that_is_not_utf8_still_names_the_op():
 
 
 def test_the_compiled_table_grows_past_8192_names():
-    from anybind.routes import _compiled
     import compiled_ops
+    from anybind.routes import _compiled
 
     class Stand:  # all that binding a compiled function reads of its op
         def __init__(self, name):
@@ -450,6 +450,7 @@ def _probe(bare_package, cache, marker):
     import subprocess
     import sys
     import textwrap
+
     import compiled_ops
     env = dict(os.environ, PYTHONPATH=str(bare_package), XDG_CACHE_HOME=str(cache),
                ANYBIND_TEST_MARKER=str(marker))
@@ -464,6 +465,7 @@ def _probe(bare_package, cache, marker):
 def _digest_and_suffix(bare_package) -> tuple[str, str]:
     import importlib.machinery
     from pathlib import Path
+
     from anybind.routes import _shimlib
     _, include, cc = _shimlib._source()
     source = bare_package / "anybind" / "routes" / "_shim.c"
@@ -473,6 +475,7 @@ def _digest_and_suffix(bare_package) -> tuple[str, str]:
 
 def _plant(path) -> str:
     import hashlib
+
     import compiled_ops
     built = compiled_ops.build_library(_PLANTED, "anybind-test-planted")
     path.write_bytes(built.read_bytes())

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import check_first_order, randn
 
 import anybind as ab
+from helpers import check_first_order, randn
 
 MODES = ("sequential", "expand_dims", "broadcast_all", "vectorized")
 

@@ -8,13 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from devices import N_DEV, collectives, hlo, mesh, put, spec
+
 from helpers import assert_close, randn
 
 torch = pytest.importorskip("torch")
-import anybind as ab  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+
+import anybind as ab  # noqa: E402
 
 SHAPES: list = []  # the shapes the torch code runs on (not those of shape inference)
 

@@ -3,15 +3,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from devices import collectives, hlo, mesh, put, spec
+
 from helpers import assert_close, randn
 
 pytest.importorskip("ducc0")
 pytest.importorskip("scipy")
+from anybind.contrib._ducc0_sht import n_real_alm  # noqa: E402
 from anybind.contrib.ducc0 import c2c, healpix_synthesis, r2c  # noqa: E402
 from anybind.contrib.scipy import gammaln, spsolve  # noqa: E402
-from anybind.contrib._ducc0_sht import n_real_alm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from devices import N_DEV, collectives, hlo, mesh, put, spec
+from sharded_ops import (
+    MODES,
+    REC,
+    cube,
+    cube_ref,
+    cube_traced,
+    rowfft,
+    rowfft_ref,
+    saved,
+    saved_ref,
+    scale,
+    scale_ref,
+    stats,
+    stats_ref,
+)
+
 from helpers import assert_close, check_transpose_identity, randn
-from sharded_ops import (MODES, REC, cube, cube_ref, cube_traced, rowfft, rowfft_ref, saved,
-                         saved_ref, scale, scale_ref, stats, stats_ref)
 
 
 @pytest.fixture(params=("auto", "explicit"))
@@ -123,11 +136,11 @@ def test_linear_op_transpose_per_shard(m):
 def test_keyword_operand_and_two_outputs_under_grad(m):
     x, w = put(randn((16, 4)), m, "x"), put(randn(4, seed=1), m)
 
-    def l(f):
+    def loss(f):
         return lambda x, w: sum(jnp.sum(jnp.sin(o)) for o in f(x, w))
-    g = jax.jit(jax.grad(l(lambda x, w: stats()(x, w=w))))
-    assert_close(g(x, w), jax.grad(l(stats_ref))(np.asarray(x), np.asarray(w)))
-    assert collectives(hlo(jax.grad(l(lambda x, w: stats()(x, w=w))), x, w)) == []
+    g = jax.jit(jax.grad(loss(lambda x, w: stats()(x, w=w))))
+    assert_close(g(x, w), jax.grad(loss(stats_ref))(np.asarray(x), np.asarray(w)))
+    assert collectives(hlo(jax.grad(loss(lambda x, w: stats()(x, w=w))), x, w)) == []
 
 
 def test_fwd_and_bwd_with_residuals(m):

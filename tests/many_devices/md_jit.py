@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
-
 from devices import N_DEV, collectives, hlo, mesh, put, spec
-from helpers import assert_close, randn
+from jax.sharding import PartitionSpec as P
 from sharded_ops import REC, cube, cube_ref, scale, scale_ref, stats, stats_ref
+
+from helpers import assert_close, randn
 
 AXES = ("auto", "explicit")
 

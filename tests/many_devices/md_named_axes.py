@@ -3,13 +3,12 @@ against the same code written with jax.custom_jvp."""
 import jax
 import jax.numpy as jnp
 import pytest
+from devices import mesh, put
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from devices import mesh, put
-from helpers import assert_close
-
 import anybind as ab
+from helpers import assert_close
 
 
 def _pair(fn, rule):

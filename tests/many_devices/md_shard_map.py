@@ -3,14 +3,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
-
 from devices import N_DEV, mesh, put
-from helpers import assert_close, randn
+from jax.sharding import PartitionSpec as P
 from sharded_ops import REC, cube, scale, scale_ref
 
 import anybind as ab
 from anybind.core._jax import varying_axes
+from helpers import assert_close, randn
 
 
 @pytest.fixture(params=("auto", "explicit"))

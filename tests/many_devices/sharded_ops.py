@@ -22,9 +22,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from devices import Recorder
 
 import anybind as ab
-from devices import Recorder
 
 REC = Recorder()
 MODES = ("sequential", "vectorized", "rule")
@@ -126,7 +126,8 @@ def stats():
         REC("f", x, w)
         y = x * w
         return y, y.sum(-1)
-    return ab.bind(f, shape=lambda x, w: (x, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)), shard="b n, n -> b n, b",
+    return ab.bind(f, shape=lambda x, w: (x, jax.ShapeDtypeStruct(x.shape[:-1], x.dtype)),
+                   shard="b n, n -> b n, b",
                    replicated=("n",), name="stats", vmap="vectorized",
                    jvp=lambda p, t, w: (t[0] * w, (t[0] * w).sum(-1)),
                    vjp=lambda p, ct, w: ((ct[0] + ct[1][..., None]) * w,))

@@ -13,7 +13,6 @@ leaves; ẋ are tangents, ȳ cotangents, and ⟨a, b⟩ = Re Σ a·b.
 """
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -120,7 +119,7 @@ def _call_host(ctx, declared):
         return fn(*args, **kw)
     outs = []
     for fill in (0, 1):
-        out = tree_util.tree_map(lambda a: np.full(a.shape, fill, a.dtype), declared)
+        out = tree_util.tree_map(lambda a, fill=fill: np.full(a.shape, fill, a.dtype), declared)
         fn(*args, out=out, **kw)
         outs.append(out)
     for name, a, b in zip(ctx.out_names, *map(tree_util.tree_leaves, outs)):
@@ -384,9 +383,9 @@ def linearity(ctx) -> None:
         hint = f"The op is declared linear in {label} but its function is not."
         if verdict[3] is not None and len({ctx.x_group[i] for i in idx}) > 1 \
                 and _separately_linear(ctx):
-            hint += (f" It is linear in each argument by itself, the others fixed (like a "
-                     f"product x·y): bind it with multilinear=True and give "
-                     f"op.def_transpose(rule, argnum=i) for each argument instead.")
+            hint += (" It is linear in each argument by itself, the others fixed (like a "
+                     "product x·y): bind it with multilinear=True and give "
+                     "op.def_transpose(rule, argnum=i) for each argument instead.")
         ctx.record("linearity", label, [verdict], hint)
 
 

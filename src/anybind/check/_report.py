@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -376,7 +377,7 @@ class Context:
         e.report = self.report
         raise e
 
-    def run_check(self, name: str, fn: Callable[["Context"], None]) -> None:
+    def run_check(self, name: str, fn: Callable[[Context], None]) -> None:
         self.current = (name, "")
         try:
             fn(self)

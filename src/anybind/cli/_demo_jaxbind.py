@@ -23,12 +23,10 @@ demo's declaration as it stands, and ``ab.check`` rejects it in its
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import anybind as ab
-
 
 # ---------------------------------------------------- 01: scipy.fft.fftn, linear
 

@@ -16,7 +16,7 @@ larger sizes, with peak RSS and time.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

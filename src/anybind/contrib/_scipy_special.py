@@ -17,7 +17,7 @@ host call on the batched arrays.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -21,7 +21,8 @@ ignored: y never carries one, since it is computed from stopped inputs.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

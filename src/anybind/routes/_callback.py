@@ -17,15 +17,25 @@ piece              what it does
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from sys import getrefcount
-from typing import Callable
 
 import numpy as np
 
 from ..core import _jax, _lifetime
 from ..core._lowering import Site
-from ._host import (Slot, cpu_only, emit, host_callback, kept_views, not_exported, platform,
-                    release_frames, repoint_kept, runner_for)
+from ._host import (
+    Slot,
+    cpu_only,
+    emit,
+    host_callback,
+    kept_views,
+    not_exported,
+    platform,
+    release_frames,
+    repoint_kept,
+    runner_for,
+)
 
 TARGET = "xla_buffer_python_cpu_callback"
 

@@ -32,15 +32,21 @@ import dataclasses
 import gc
 import os
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-import numpy as np
 import jax.ffi
+import numpy as np
 
 from ..core import _debug, _jax
 from ..core._batching import declared_out_batched, host_mode
-from ..core._errors import (HostError, describe, message_of, remember_host_error,
-                            remember_recent_host_error, where)
+from ..core._errors import (
+    HostError,
+    describe,
+    message_of,
+    remember_host_error,
+    remember_recent_host_error,
+    where,
+)
 from ..core._lowering import Site
 from ..core._spec import Batch, Call, Rule
 from ..core.roles import make_run, out_avals, out_names
@@ -317,7 +323,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
                 err.__cause__ = e
                 e = err
             remember_host_error(op, e)
-            raise e.with_traceback(None)
+            raise e.with_traceback(None)  # noqa: B904  (e's cause is set above)
         finally:
             _nesting.depth -= 1
     guarded.what = f"anybind op '{op_name}': the {role_name}"

@@ -37,15 +37,24 @@ import secrets
 import threading
 import warnings
 import weakref
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..core import _jax, _lifetime
 from ..core._lowering import Site
 from . import _dtypes
-from ._host import (Slot, emit, host_callback, kept_views, not_exported, release_frames,
-                    repoint_kept, runner_for, single_platform)
+from ._host import (
+    Slot,
+    emit,
+    host_callback,
+    kept_views,
+    not_exported,
+    release_frames,
+    repoint_kept,
+    runner_for,
+    single_platform,
+)
 
 TARGET = "anybind_python"
 ATTRIBUTE = "anybind_callback"

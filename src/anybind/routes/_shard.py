@@ -19,24 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
-from jax.experimental.custom_partitioning import (ArrayMapping, SdyShardingRule,
-                                                  custom_partitioning)
+from jax.experimental.custom_partitioning import ArrayMapping, SdyShardingRule, custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..core import _jax
+from ..core._errors import HostError
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
-from ..core._sharding import mesh_axes, plan_factors, splittable_factors, factors_of, role_factors
-from ..core._errors import HostError
+from ..core._sharding import factors_of, mesh_axes, plan_factors, role_factors, splittable_factors
 from ..core._spec import Batch, Call
 from ..core.roles import out_avals
 from . import _callback, _pyffi
 from ._compiled import is_compiled
 from ._host import Slot, cpu_only, emit, host_callback, not_exported, runner_for
-
 
 # -------------------------------------------------------------------- lowering
 

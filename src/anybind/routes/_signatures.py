@@ -23,7 +23,7 @@ piece              what it does
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from jax import tree_util
@@ -137,7 +137,8 @@ def check(op, kind: str, text: str, rows: int, ins: list, outs: list) -> str | N
         args_tree, kw_tree = _trees(text)
     except (ValueError, TypeError, RecursionError) as e:
         return f"{e}" if isinstance(e, ValueError) else "its argument structure is malformed"
-    batched = kind in _BATCHED_KINDS or kind.endswith(".vmap") or op.vmap in ("expand_dims", "broadcast_all")
+    batched = (kind in _BATCHED_KINDS or kind.endswith(".vmap")
+               or op.vmap in ("expand_dims", "broadcast_all"))
     tries = []
     if rows:
         tries.append(rows)
