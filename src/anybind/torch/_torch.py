@@ -61,8 +61,8 @@ _ENGINE = torch.autograd.Variable._execution_engine
 
 def autograd_grad(outputs, inputs, cotangents, create_graph: bool) -> tuple:
     """``torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True)`` without its
-    per-call checks (``_make_grads``), for cotangents of the outputs' shapes and dtypes
-    (``Variable._execution_engine.run_backward``, 2.0)."""
+    per-call checks (``torch.autograd._make_grads``), for cotangents of the outputs' shapes
+    and dtypes (``Variable._execution_engine.run_backward``, 2.0)."""
     return _ENGINE.run_backward(tuple(outputs), tuple(cotangents), create_graph, create_graph,
                                 tuple(inputs), True, False)
 
