@@ -353,7 +353,7 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
                 f"{args!r} with keywords {kwargs!r}: {type(e).__name__}: {e}") from e
     else:
         out = shape
-    if out is None and what == "output spec":
+    if out is None and shape is not None and what == "output spec":  # given, not inferred
         raise TypeError(
             f"anybind op '{op.name}': the output spec gave None; it must give a "
             f"jax.ShapeDtypeStruct or a pytree of them (() for an op with no outputs)")
