@@ -16,6 +16,8 @@ import torch
 import anybind as ab
 from helpers import assert_close, check_first_order
 
+pytestmark = pytest.mark.slow  # a ported suite: torch-jax-interop's own tests
+
 NUM_CLASSES = 10
 
 

@@ -16,6 +16,8 @@ import torch
 import anybind as ab
 from helpers import assert_close, run_fresh_python
 
+pytestmark = pytest.mark.slow  # a ported suite: wrap-torch2jax's own tests
+
 DTYPES = [jnp.float32, jnp.float64]
 
 

@@ -389,7 +389,6 @@ def test_single_precision_images_and_points():
 
 # ---------------------------------------------------------------- optional extra
 
-@pytest.mark.slow  # starts a process
 def test_missing_ducc0_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ducc0", None)
     for name in [m for m in sys.modules if m.startswith("anybind.contrib.")
@@ -399,6 +398,7 @@ def test_missing_ducc0_names_the_extra(monkeypatch):
         import anybind.contrib.ducc0  # noqa: F401
 
 
+@pytest.mark.slow  # starts a process
 def test_contrib_package_imports_nothing_heavy():
     code = ("import sys, anybind.contrib; "
             "print(any(m in sys.modules for m in ('ducc0', 'scipy')))")

@@ -61,6 +61,7 @@ def test_first_order(cubic):
     assert len(CALLS) == 1  # one host solve; derivatives never call the solver
 
 
+@pytest.mark.slow  # tens of seconds
 def test_second_order_and_vmap(cubic):
     h = jax.jit(jax.hessian(loss(newton_ref)))(A, B)
     assert_close(jax.jit(jax.hessian(loss(cubic)))(A, B), h, **TOL)
@@ -70,6 +71,7 @@ def test_second_order_and_vmap(cubic):
     assert_close(grads(cubic)(As, B), grads(newton_ref)(As, B), **TOL)
 
 
+@pytest.mark.slow  # tens of seconds
 def test_matrix_free_linear_solve():
     gmres = lambda mv, b: jax.scipy.sparse.linalg.gmres(mv, b, tol=1e-13)[0]
     solve = ab.root(residual, scipy_solver, linear_solve=gmres)

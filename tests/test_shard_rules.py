@@ -170,6 +170,7 @@ def test_cli_reports_a_wrong_rule(tmp_path):
 
 # --------------------------------------------------------------------- contrib
 
+@pytest.mark.slow  # tens of seconds: ab.check of every contrib op's split factors
 def test_contrib_rules_check_where_they_split():
     """The contrib ops' rules hold where they split (ab.check's shard check)."""
     pytest.importorskip("ducc0")

@@ -52,6 +52,7 @@ def test_host_rule_gives_reverse_mode(mode):
         lambda x: loss(grad_phi_ref)(x).sum())(xs), **TOL)  # one call on a batch
 
 
+@pytest.mark.slow  # tens of seconds: derivatives to every order
 @pytest.mark.parametrize("make", [lambda: grad_phi(traced_rule=True), traced_grad_phi],
                          ids=["host fn, traced jvp rule", "traced fn, no rules"])
 def test_traced_rule_every_order(make):

@@ -173,6 +173,7 @@ _SELF_CALL = """
 """
 
 
+@pytest.mark.slow  # starts processes
 def test_an_op_that_calls_itself_with_no_base_case_fails_naming_it_on_every_path():
     out = _ok(run_fresh_python(_SELF_CALL))
     lines = out.splitlines()
@@ -203,6 +204,7 @@ _BASE_EXCEPTION = """
 """
 
 
+@pytest.mark.slow  # starts processes
 def test_a_rules_base_exception_reaches_the_caller_at_once_as_itself():
     out = _ok(run_fresh_python(_BASE_EXCEPTION))
     for kind in ("KeyboardInterrupt", "SystemExit", "Stop"):
@@ -255,6 +257,7 @@ _BAD_CC = """
 """
 
 
+@pytest.mark.slow  # starts processes
 def test_a_bad_compiler_path_is_the_documented_runtime_error():
     out = _ok(run_fresh_python(_BAD_CC))
     assert out.startswith("ERROR RuntimeError anybind: building the FFI shim failed: the C "
@@ -274,6 +277,7 @@ _NO_HANDLER = """
 """
 
 
+@pytest.mark.slow  # starts processes
 def test_the_slow_host_path_says_so_once():
     out = _ok(run_fresh_python(_NO_HANDLER))
     assert out.count("Python FFI handler (anybind.routes._pycall) was not built") == 1, out
@@ -311,6 +315,7 @@ def test_setting_a_rule_while_calls_run_never_fails_a_call():
     assert results and set(results) <= {2.0, 3.0}
 
 
+@pytest.mark.slow  # many threads, for tens of seconds
 @pytest.mark.parametrize("route", ROUTES)
 def test_host_code_that_calls_jax_from_many_threads_gets_no_false_alarm(route, monkeypatch):
     import threading
@@ -433,6 +438,7 @@ def _scale(tmp_path, fn: str, version: str, what: str) -> str:
                                 f"exec(open({str(script)!r}).read())", cwd=tmp_path))
 
 
+@pytest.mark.slow  # starts processes
 def test_an_exported_call_runs_only_where_its_fingerprint_matches(tmp_path):
     pytest.importorskip("numba")
     assert "EXPORTED" in _scale(tmp_path, "dbl", "1", "export")
