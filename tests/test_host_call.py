@@ -15,6 +15,14 @@ from anybind.core import _errors as _hostcall
 from anybind.routes import _pyffi as _hostffi
 from helpers import assert_close, host_call_count, randn
 
+
+@pytest.fixture(autouse=True)
+def _cpu_programs():
+    """These tests are about the CPU's host routes (which handler runs, what host code
+    sees there): on a machine with a GPU they run on its CPU device too."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
 # ----------------------------------------------------------------- exceptions
 
 def _raising(where: str):

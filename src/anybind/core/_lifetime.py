@@ -30,6 +30,7 @@ so that the cycle op → eager program → op has no root in JAX's global caches
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import weakref
 from collections.abc import Callable
@@ -71,6 +72,13 @@ class EagerCache:
         self.programs.clear()
 
 
+@functools.cache
+def _accelerated() -> bool:
+    """Whether this process has an accelerator, where XLA runs an eager call's program
+    after the call returns; on the CPU a failing host call raises in the call itself."""
+    return any(d.platform != "cpu" for d in jax.devices())
+
+
 def eager_impl(prim, *args, **params):
     """Run ``prim.bind(*args, **params)`` outside any trace, compiled once per parameters.
 
@@ -94,7 +102,10 @@ def eager_impl(prim, *args, **params):
             while len(programs) > MAX_PROGRAMS:
                 programs.pop(next(iter(programs)), None)
         fun, kept = entry  # ``kept``: held while the program runs
-        return fun(*args)
+        out = fun(*args)
+        if _accelerated():  # a failing host call raises its HostError here, not at a wait
+            jax.block_until_ready(out)
+        return out
     except jax.errors.JaxRuntimeError as e:  # a failing host call raises its HostError
         err = find_host_error(e)
         if err is None:
