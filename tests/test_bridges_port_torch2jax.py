@@ -1,0 +1,244 @@
+"""torch2jax's own tests (PyPI 0.1.0, github.com/samuela/torch2jax, ``tests/test_torch_nn.py``),
+ported onto ``ab.from_torch``.
+
+Each port names its source test above it; loops over many hyperparameters keep a
+representative subset, as the calls are the same. torch2jax's ``t2j(model)(x,
+state_dict=params)`` is ``ab.from_torch(model)(params, x)``; its
+``return_state_dict=True`` is ``return_state=True``; its ``rng=`` key has no
+counterpart (torch code draws from torch's generator), so the dropout port checks
+what holds for torch's draws. Values are checked against torch, gradients against
+torch's own autograd.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from jax import random
+
+import anybind as ab
+from helpers import assert_close
+
+
+def _t(x):
+    return torch.from_numpy(np.array(x))
+
+
+def _forward_and_grad(model, params, x, atol):
+    """t2j's forward (eager and jitted) and the gradient of Σ out² in ``params`` (or in x,
+    when ``params`` is None), against torch."""
+    op = ab.from_torch(model)
+    call = (lambda p, x: op({}, x)) if params is None else op  # a module: op(params, x)
+    p = params if params is not None else {}
+    if params is not None:
+        model.load_state_dict({k: _t(v) for k, v in params.items()}, strict=False)
+    tx = _t(x).requires_grad_(params is None)
+    res_torch = model(tx)
+    assert_close(call(p, x), res_torch.detach().numpy(), rtol=atol, atol=atol)
+    assert_close(jax.jit(call)(p, x), res_torch.detach().numpy(), rtol=atol, atol=atol)
+    model.zero_grad()
+    res_torch.pow(2).sum().backward()
+    if params is None:
+        got = jax.grad(lambda x: (call(p, x) ** 2).sum())(x)
+        assert_close(got, tx.grad.numpy(), rtol=atol, atol=atol)
+    else:
+        got = jax.grad(lambda p: (call(p, x) ** 2).sum())(params)
+        for k, v in model.named_parameters():
+            assert_close(got[k], v.grad.numpy(), rtol=atol, atol=atol)
+
+
+# tests/test_torch_nn.py::test_torch_nn_AdaptiveAvgPool2d
+def test_torch_nn_AdaptiveAvgPool2d():
+    for output_size in [1, 2, (3, 4), (None, 4)]:
+        x = random.normal(random.PRNGKey(123), (7, 2, 16, 16))
+        _forward_and_grad(torch.nn.AdaptiveAvgPool2d(output_size), None, x, 1e-8)
+
+
+# tests/test_torch_nn.py::test_torch_nn_BatchNorm1d
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("input_shape", [(3, 5), (2, 3, 5)])
+def test_torch_nn_BatchNorm1d(input_shape, affine, training):
+    keys = iter(random.split(random.PRNGKey(123), 16))
+    for eps in [1e-1, 1e-5]:
+        model = torch.nn.BatchNorm1d(input_shape[1], eps=eps, affine=affine).double()
+        model.train(training)
+        x = random.normal(next(keys), input_shape)
+        params = {"running_mean": random.normal(next(keys), (input_shape[1],)),
+                  "running_var": random.uniform(next(keys), (input_shape[1],)),
+                  "num_batches_tracked": jnp.asarray(random.randint(next(keys), (), 0, 100))}
+        if affine:
+            params["weight"] = random.normal(next(keys), (input_shape[1],))
+            params["bias"] = random.normal(next(keys), (input_shape[1],))
+        op = ab.from_torch(model, return_state=True)
+        model.load_state_dict({k: _t(v) for k, v in params.items()})
+        res_torch = model(_t(x))
+        sd_torch = dict(model.named_buffers())  # return_state gives the buffers
+        for run in (op, jax.jit(op)):
+            res, sd = run(params, x)
+            assert sorted(sd) == sorted(sd_torch)
+            for k in sd:
+                assert_close(sd[k], sd_torch[k].numpy(), rtol=1e-12, atol=1e-12)
+            assert_close(res, res_torch.detach().numpy(), rtol=1e-10, atol=1e-10)
+        if affine:
+            floats = {k: v for k, v in params.items() if k != "num_batches_tracked"}
+            got = jax.grad(lambda p: (op({**p, "num_batches_tracked": params[
+                "num_batches_tracked"]}, x)[0] ** 2).sum())(floats)
+            res_torch.pow(2).sum().backward()
+            assert_close(got["weight"], model.weight.grad.numpy(), rtol=1e-8, atol=1e-8)
+            assert_close(got["bias"], model.bias.grad.numpy(), rtol=1e-8, atol=1e-8)
+            np.testing.assert_array_equal(np.asarray(got["running_mean"]), 0.0)
+
+
+# tests/test_torch_nn.py::test_torch_nn_Conv2d
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("stride, padding, dilation", [
+    (1, 0, 1), ((1, 3), 2, (2, 3)), (2, "valid", 1), (1, "same", 2), ((3, 1), (1, 2), 1)])
+def test_torch_nn_Conv2d(bias, stride, padding, dilation):
+    model = torch.nn.Conv2d(2, 3, (5, 5), bias=bias, stride=stride, padding=padding,
+                            dilation=dilation).double()
+    x = 0.1 * random.normal(random.PRNGKey(123), (7, 2, 16, 16))
+    params = {k: 0.1 * random.normal(random.PRNGKey(123), v.shape)
+              for k, v in model.named_parameters()}
+    _forward_and_grad(model, params, x, 1e-8)
+
+
+# tests/test_torch_nn.py::test_torch_nn_ConvTranspose2d
+@pytest.mark.parametrize("kernel_size, stride, padding, output_padding, dilation", [
+    (1, 1, (0, 0), 0, 1), (2, 2, 1, 1, 1), ((1, 2), (1, 2), (1, 2), (0, 1), (1, 2))])
+def test_torch_nn_ConvTranspose2d(kernel_size, stride, padding, output_padding, dilation):
+    model = torch.nn.ConvTranspose2d(2, 2, kernel_size, stride=stride, padding=padding,
+                                     output_padding=output_padding, dilation=dilation).double()
+    params = {k: random.normal(random.PRNGKey(123), v.shape) for k, v in model.named_parameters()}
+    x = random.normal(random.PRNGKey(123), (3, 2, 16, 16))
+    _forward_and_grad(model, params, x, 1e-8)
+
+
+# tests/test_torch_nn.py::test_torch_nn_Dropout
+def test_torch_nn_Dropout():
+    """No ``rng=`` key: torch's generator draws. What holds: p=0 is the identity, p=1 is
+    zero, p=½ zeroes about half and scales the rest by 2, and two calls draw anew."""
+    x = random.normal(random.PRNGKey(123), (1024,))
+    drop = lambda p: (lambda x: ab.from_torch(torch.nn.Dropout(p))({}, x))
+    a, b = np.asarray(drop(0.5)(x)), np.asarray(drop(0.5)(x))
+    kept = a != 0
+    assert 0.4 < kept.mean() < 0.6 and not np.array_equal(kept, b != 0)
+    assert_close(a[kept], 2 * np.asarray(x)[kept])
+    assert_close(drop(0.0)(x), x)
+    assert_close(drop(1.0)(x), np.zeros(1024))
+    tenth = np.asarray(drop(0.1)(x))
+    assert np.mean(tenth != 0) > 0.8
+    assert_close(tenth[tenth != 0], np.asarray(x)[tenth != 0] / 0.9)
+
+
+# tests/test_torch_nn.py::test_torch_nn_Linear
+def test_torch_nn_Linear():
+    params = {"weight": random.normal(random.PRNGKey(123), (5, 2)),
+              "bias": random.normal(random.PRNGKey(123), (5,))}
+    _forward_and_grad(torch.nn.Linear(2, 5).double(), params,
+                      random.normal(random.PRNGKey(123), (3, 2)), 1e-10)
+
+
+# tests/test_torch_nn.py::test_torch_nn_Linear_no_bias
+def test_torch_nn_Linear_no_bias():
+    params = {"weight": random.normal(random.PRNGKey(123), (5, 2))}
+    _forward_and_grad(torch.nn.Linear(2, 5, bias=False).double(), params,
+                      random.normal(random.PRNGKey(123), (3, 2)), 1e-10)
+
+
+# tests/test_torch_nn.py::test_torch_nn_MaxPool1d
+@pytest.mark.parametrize("kernel_size, stride, padding", [
+    (1, None, 0), (2, 1, 1), ((3,), (2,), 1), (5, 3, (2,))])
+def test_torch_nn_MaxPool1d(kernel_size, stride, padding):
+    x = random.normal(random.PRNGKey(123), (7, 2, 16))
+    _forward_and_grad(torch.nn.MaxPool1d(kernel_size, stride, padding), None, x, 1e-10)
+
+
+# tests/test_torch_nn.py::test_torch_nn_MaxPool2d
+@pytest.mark.parametrize("kernel_size, stride, padding", [
+    (1, None, 0), ((2, 4), (2, 4), 1), (3, (3, 2), (1, 1)), ((5, 5), 1, (2, 1))])
+def test_torch_nn_MaxPool2d(kernel_size, stride, padding):
+    x = random.normal(random.PRNGKey(123), (7, 2, 16, 16))
+    _forward_and_grad(torch.nn.MaxPool2d(kernel_size, stride, padding), None, x, 1e-10)
+
+
+# tests/test_torch_nn.py::test_torch_nn_PReLU
+def test_torch_nn_PReLU():
+    model = torch.nn.PReLU(3).double()
+    params = {k: 0.1 * random.normal(random.PRNGKey(123), v.shape)
+              for k, v in model.named_parameters()}
+    _forward_and_grad(model, params, random.normal(random.PRNGKey(123), (1, 3, 32, 32)), 1e-9)
+
+
+def _function_test(f, input_shapes, atol, num_tests=3, argnums=None):
+    """utils.py's t2j_function_test: values (eager and jitted) against torch, and the
+    gradient of the first output entry in ``argnums`` (every input by default) against
+    torch.func.grad."""
+    op = ab.from_torch(f)
+    for test_rng in random.split(random.PRNGKey(123), num_tests):
+        inputs = [random.normal(k, s) for k, s in
+                  zip(random.split(test_rng, len(input_shapes)), input_shapes)]
+        want = f(*map(_t, inputs))
+        assert_close(op(*inputs), want.numpy(), rtol=atol, atol=atol)
+        assert_close(jax.jit(op)(*inputs), want.numpy(), rtol=atol, atol=atol)
+        first = ab.from_torch(lambda *a: f(*a).flatten()[0])
+        which = tuple(range(len(inputs))) if argnums is None else argnums
+        got = jax.grad(first, argnums=which)(*inputs)
+        ref = torch.func.grad(lambda *a: f(*a).flatten()[0], argnums=which)(
+            *map(_t, inputs))
+        for g, r in zip(got, ref):
+            assert_close(g, r.numpy(), rtol=atol, atol=atol)
+
+
+# tests/test_torch_nn.py::test_torch_nn_functional_batch_norm
+def test_torch_nn_functional_batch_norm():
+    # the running statistics, which torch refuses to differentiate, are keyword operands
+    # (anybind's non-differentiable inputs) rather than positional ones
+    f = functools.partial(torch.nn.functional.batch_norm, training=False)
+    m, v = random.normal(random.PRNGKey(7), (3,)), random.uniform(random.PRNGKey(8), (3,))
+    op = ab.from_torch(lambda x, w, b, *, m, v: f(x, m, v, w, b))
+    for shape in [(2, 3), (2, 3, 5), (2, 3, 5, 7)]:
+        x, w, b = (random.normal(k, s) for k, s in zip(random.split(random.PRNGKey(9), 3),
+                                                       [shape, (3,), (3,)]))
+        want = lambda x, w, b: f(x, _t(m), _t(v), w, b)
+        assert_close(jax.jit(op)(x, w, b, m=m, v=v), want(_t(x), _t(w), _t(b)).numpy())
+        got = jax.grad(lambda *a: (op(*a, m=m, v=v) ** 2).sum(), argnums=(0, 1, 2))(x, w, b)
+        ref = torch.func.grad(lambda *a: (want(*a) ** 2).sum(), argnums=(0, 1, 2))(
+            _t(x), _t(w), _t(b))
+        for g, r in zip(got, ref):
+            assert_close(g, r.numpy())
+
+    def g(input, running_mean, running_var, weight, bias):
+        # training=True updates running_mean and running_var in place: on private copies
+        running_var = running_var.pow(2)
+        out = torch.nn.functional.batch_norm(input, running_mean, running_var, weight=weight,
+                                             bias=bias, training=True)
+        return torch.cat([out.flatten(), running_mean.flatten(), running_var.flatten()])
+    for shape in [(2, 3), (2, 3, 5)]:
+        inputs = [random.normal(k, s) for k, s in zip(random.split(random.PRNGKey(1), 5),
+                                                      [shape, (3,), (3,), (3,), (3,)])]
+        kept = [np.array(a) for a in inputs]
+        assert_close(ab.from_torch(g)(*inputs), g(*map(_t, kept)).numpy())
+        for a, k in zip(inputs, kept):
+            np.testing.assert_array_equal(np.asarray(a), k)
+
+
+# tests/test_torch_nn.py::test_torch_nn_functional_prelu
+def test_torch_nn_functional_prelu():
+    _function_test(torch.nn.functional.prelu, [(6, 6), (1,)], 1e-10)
+    _function_test(torch.nn.functional.prelu, [(5, 3, 16, 12), (3,)], 1e-10)
+
+
+# tests/test_torch_nn.py::test_torch_nn_functional_scaled_dot_product_attention
+def test_torch_nn_functional_scaled_dot_product_attention():
+    _function_test(lambda x, y: x @ y, [(2, 3, 5), (5, 7)], 1e-10)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    _function_test(sdpa, [(5, 3, 7), (5, 2, 7), (5, 2, 7)], 1e-10)
+    e, heads = 6, 2
+    _function_test(
+        lambda q, k, v, ipw, ipb, opw, opb: torch.nn.functional.multi_head_attention_forward(
+            q, k, v, e, heads, ipw, ipb, None, None, False, 0.0, opw, opb, training=False,
+            need_weights=False)[0],
+        [(3, 1, 6)] * 3 + [(3 * e, e), (3 * e,), (e, e), (e,)], 1e-10)
