@@ -417,28 +417,36 @@ def _module_function(module: torch.nn.Module, return_state: bool) -> Callable:
     """``(params, *inputs, **kw) -> module(*inputs, **kw)`` with ``params`` swapped in.
 
     Buffers (a batch norm's running statistics) are never differentiated: they go
-    in detached. Of tied names (one parameter under two names in ``state_dict``),
-    the first given is used. With ``return_state``, the result is ``(out, state)``:
-    the buffers after the call (what a module in train mode updates), from copies.
+    in detached. Of tied names (one tensor under several names of ``state_dict``),
+    the first given is used, in every place the tensor is (a submodule held twice
+    is one place). With ``return_state``, the result is ``(out, state)``: the
+    buffers after the call (what a module in train mode updates), from copies.
     """
     names = dict(module.named_parameters(remove_duplicate=False))
     names.update(module.named_buffers(remove_duplicate=False))
-    first: dict = {}  # id of a parameter -> its first name
-    tied = {n: first.setdefault(id(t), n) for n, t in names.items()}
+    first: dict = {}  # id of a tensor -> its first name
+    group = {n: first.setdefault(id(t), n) for n, t in names.items()}
+    places: dict = {}  # (id of the owning module, attribute) -> its first name
+    for n in names:
+        prefix, _, attr = n.rpartition(".")
+        places.setdefault((id(module.get_submodule(prefix)), attr), n)
+    slots = list(places.values())  # one name per place the module keeps a tensor
     buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
 
     def call_module(params, *inputs, **kw):
-        given, state = {}, {}
+        chosen, state = {}, {}
         for n, v in params.items():
-            main = tied.get(n, n)
-            if main in given:
+            g = group.get(n, n)
+            if g in chosen:
                 continue
             if n in buffers:
                 v = v.detach()
                 if return_state:
                     v = state[n] = v.clone()
-            given[main] = v
-        out = torch.func.functional_call(module, given, inputs, kw, tie_weights=True)
+            chosen[g] = v
+        given = {n: chosen[group[n]] for n in slots if group[n] in chosen}
+        given.update((n, v) for n, v in params.items() if n not in group)  # torch's error
+        out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
         return (out, state) if return_state else out
     call_module.__name__ = type(module).__name__
     call_module.module = module
