@@ -25,7 +25,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import anybind as ab
 from anybind.routes import _callback, _pyffi

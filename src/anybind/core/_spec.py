@@ -376,8 +376,8 @@ def infer_outputs(op, args_tree, kw_tree, static, in_avals, kw_avals, shape=None
             dtype = canonicalize_dtype(leaf.dtype)
         except TypeError as e:
             raise TypeError(
-                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype {leaf.dtype!r}, which is "
-                f"not an array dtype ({e})") from None
+                f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype "
+                f"{leaf.dtype!r}, which is not an array dtype ({e})") from None
         if not (issubdtype(dtype, np.number) or issubdtype(dtype, np.bool_)):
             raise TypeError(
                 f"anybind op '{op.name}': the {what} gives {_output_at(path)} the dtype "

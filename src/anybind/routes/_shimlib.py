@@ -137,7 +137,8 @@ def _source() -> tuple[Path, Path, str | None]:
 
 
 def _digest(source: Path, header: Path, cc: str) -> str:
-    """What names a build: the shim's sources (``_shim.c``, ``_ffi.h``), XLA's header, the compiler."""
+    """What names a build: the shim's sources (``_shim.c``, ``_ffi.h``), XLA's header and
+    the compiler."""
     return hashlib.sha256(source.read_bytes() + (source.parent / "_ffi.h").read_bytes()
                           + header.read_bytes() + cc.encode()).hexdigest()[:16]
 
