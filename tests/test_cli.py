@@ -134,6 +134,7 @@ def test_demo():
     assert "results agree with their pure-JAX references" in r.stdout
 
 
+@pytest.mark.slow  # tens of seconds: the demo's transformation matrix, in this process
 def test_demo_json(monkeypatch, capsys):
     monkeypatch.setattr(_demo, "cases", lambda: ([_demo.numpy_fft_case()], []))
     assert _cli.main(["demo", "--json"]) == 0

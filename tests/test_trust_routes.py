@@ -487,6 +487,7 @@ PLANTS = ["at the name an unchecked cache loads", "recorded, but writable by the
           "recorded, in a directory others may write"]
 
 
+@pytest.mark.slow  # starts processes: builds shims with the C compiler
 @pytest.mark.parametrize("how", PLANTS)
 def test_a_planted_library_in_the_cache_is_never_loaded(bare_package, tmp_path, how):
     import json
@@ -519,6 +520,7 @@ def test_a_planted_library_in_the_cache_is_never_loaded(bare_package, tmp_path, 
     assert str(planted) not in out and str(planted.resolve()) not in out
 
 
+@pytest.mark.slow  # starts processes: builds shims with the C compiler
 def test_the_cache_is_private_and_a_corrupt_build_is_rebuilt_under_a_new_name(
         bare_package, tmp_path):
     import json
