@@ -361,9 +361,11 @@ static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObje
   if (failed && derived) release_frames(value, 1);
   keeping stack[STACK_OPERANDS], *k = stack;
   if (n > STACK_OPERANDS && (k = PyMem_Calloc((size_t)n, sizeof(keeping))) == NULL) {
-    PyErr_Clear();
-    k = stack;
-    n = 0; /* out of memory: nothing is copied (every kept view is still reported) */
+    if (failed)
+      PyErr_Restore(type, value, tb); /* its own error stands */
+    else
+      PyErr_NoMemory(); /* the call fails */
+    return;
   }
   int any = 0;
   derived = 0;
@@ -379,7 +381,8 @@ static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObje
   }
   if (derived) repoint_derived(vs, ls, k, n);
   for (int64_t i = 0; i < n; ++i)
-    if (k[i].copy != NULL && Py_REFCNT(vs[i]) > 1) repoint(vs[i], k[i].start, k[i].size, k[i].copy);
+    if (k[i].copy != NULL && Py_REFCNT(vs[i]) > 1)
+      repoint(vs[i], k[i].start, k[i].size, k[i].copy);
   PyObject *ins = failed || !any ? NULL : PyList_New(0);
   PyObject *outs = failed || !any ? NULL : PyList_New(0);
   for (int64_t i = 0; i < n; ++i) {
