@@ -324,6 +324,7 @@ if __name__ != "__main__":
         written = gen_figures.generate(tmp_path)
         performance = (ROOT / "docs" / "performance.md").read_text()
         for path in written:
+            assert path.suffix == ".svg", f"{path.name}: figures are vector graphics"
             assert path.stat().st_size > 10_000, path
             assert f"figures/{path.name}" in performance, f"{path.name} is not on the page"
 
