@@ -6,6 +6,8 @@ docstrings, and how the op pickles.
 """
 from __future__ import annotations
 
+import importlib
+import pickle
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -48,9 +50,12 @@ class Op(Handle):
 
     def __reduce__(self) -> tuple:
         """Pickled as how it was made: ``bind``'s arguments, then each ``def_*`` call, so
-        an op pickles wherever its function, rules and spec do."""
+        an op pickles wherever its function, rules and spec do (see ``_portable``)."""
         fn, options, defs = self._made
-        return _remade, (fn, options, tuple(defs))
+        name = self._core.name
+        fields = {k: _portable(v, name, f"{k}=") for k, v in vars(options).items()}
+        return _remade, (_portable(fn, name, "function"), Options(**fields),
+                         tuple((d, _portable(r, name, f"{d} rule"), kw) for d, r, kw in defs))
 
     def __getattr__(self, name: str) -> Any:  # what the handle lacks: the op's
         return getattr(self.__dict__["_core"], name)
@@ -315,6 +320,75 @@ def handle_of(core: CoreOp) -> Op:
     object.__setattr__(h, "_core", core)
     object.__setattr__(h, "_made", (core.fn, None, []))
     return h
+
+
+def _portable(obj: Any, op_name: str, what: str) -> Any:
+    """``obj`` in a form that pickles: itself where pickle takes it; a reference by module
+    and name where it is a module's attribute that pickle refuses (``jax.numpy.sin``);
+    cloudpickle's bytes where cloudpickle is installed and takes it (a lambda, a
+    closure); else a ``PicklingError`` naming the op and the piece."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    try:
+        pickle.dumps(obj)
+        return obj
+    except Exception as e:  # noqa: BLE001  (pickle raises what the object's reduce raises)
+        why = e
+    ref = _by_name(obj)
+    if ref is not None:
+        return ref
+    try:
+        import cloudpickle
+    except ImportError:
+        cloudpickle = None
+    if cloudpickle is not None:
+        try:
+            return _Pickled(cloudpickle.dumps(obj))
+        except Exception as e:  # noqa: BLE001
+            why = e
+    raise pickle.PicklingError(
+        f"anybind op '{op_name}' cannot be pickled: its {what} {obj!r} does not pickle "
+        f"({type(why).__name__}: {why}). Pickle stores functions by module and name: define "
+        f"it at a module's top level"
+        f"{'' if cloudpickle is not None else ', or install cloudpickle for lambdas and closures'}"
+    ) from why
+
+
+class _ByName:
+    """A module attribute that pickle refuses, pickled as its module and name."""
+
+    def __init__(self, module: str, qualname: str):
+        self.module, self.qualname = module, qualname
+
+    def __reduce__(self) -> tuple:
+        return _lookup, (self.module, self.qualname)
+
+
+class _Pickled:
+    """An object pickled by cloudpickle, loaded back by pickle."""
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    def __reduce__(self) -> tuple:
+        return pickle.loads, (self.payload,)
+
+
+def _by_name(obj: Any) -> _ByName | None:
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(qualname, str)) or "<" in qualname:
+        return None
+    try:
+        return _ByName(module, qualname) if _lookup(module, qualname) is obj else None
+    except (ImportError, AttributeError):
+        return None
+
+
+def _lookup(module: str, qualname: str) -> Any:
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _remade(fn: Callable, options: Options, defs: tuple) -> Op:
