@@ -21,6 +21,8 @@ from jax import random
 import anybind as ab
 from helpers import assert_close
 
+pytestmark = pytest.mark.slow  # a ported suite: torch2jax's own tests
+
 
 def _t(x):
     return torch.from_numpy(np.array(x))

@@ -15,6 +15,8 @@ import torch
 import anybind as ab
 from helpers import assert_close
 
+pytestmark = pytest.mark.slow  # a ported suite: torchax's own tests
+
 
 # test/test_interop.py::InteropTest::test_j2t_autograd_forward
 def test_j2t_autograd_forward():
