@@ -14,9 +14,11 @@ Set ``ANYBIND_REQUIRE_HANDLERS=1`` to make a missing handler an error instead (t
 release wheels are built so).
 
 ``_pycall`` is built for one Python version, not against the stable ABI: it uses
-CPython's macros and struct fields (``PyTuple_GET_ITEM``, ``PyBytes_AS_STRING``,
-``PyList_SET_ITEM``, ``Py_XSETREF``, ``PyTypeObject.tp_name``) and
-``PyObject_Vectorcall``, which the limited API of Python 3.11 lacks.
+CPython's macros and struct fields (``PyTuple_GET_ITEM``, ``PyTuple_GET_SIZE``,
+``PyList_SET_ITEM``, ``PyList_GET_SIZE``, ``PyBytes_AS_STRING``, ``PyBytes_GET_SIZE``,
+``Py_XSETREF``, ``PyTypeObject.tp_name``), ``PyUnicode_AsUTF8`` (limited API from
+3.13) and ``PyObject_Vectorcall`` (from 3.12), which the limited API of Python 3.11
+lacks. NumPy's headers compile under ``Py_LIMITED_API``.
 """
 import os
 import sys
