@@ -216,7 +216,14 @@ def _private(a) -> torch.Tensor:
 def _as_numpy_tree(out):
     if isinstance(out, torch.Tensor):
         return as_numpy(out)
+    if type(out) is tuple:  # the results of jvps and vjps: no tree_map over them
+        leaves = [as_numpy(o) if isinstance(o, torch.Tensor) else _NOT_LEAF for o in out]
+        if not any(l is _NOT_LEAF for l in leaves):
+            return tuple(leaves)
     return over(plain_tree(out), as_numpy)
+
+
+_NOT_LEAF = object()
 
 
 def plain_tree(out):
