@@ -28,6 +28,7 @@ unless it has a vmap rule: then it is a node, whose derivatives are torch's.)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -43,8 +44,9 @@ from ..core.roles import (
     uses_residuals,
 )
 from . import _torch
-from ._front import TXP, Node, apply, check_outputs, torch_dtype, traced
+from ._run import TXP, apply, check_outputs, run_node, torch_dtype, traced
 
+Node = Any  # a node, ``_front.Node`` (whose module imports this one)
 
 def _conj(t):
     return t.conj().resolve_conj() if t is not None and t.is_complex() else t
@@ -467,3 +469,126 @@ def legacy_batch(node: Node, ops: list) -> list:
                            [p if d is not None else t for p, d, t in zip(phys, in_dims, ops)])
     return [o if d is None else _torch.add_batch_dim(o, d, level)
             for o, d in zip(outs, out_dims)]
+
+
+# --------------------------------------------------------- autograd.Function
+
+class _Fn(torch.autograd.Function):
+    """Every node under autograd and torch.func; the maths is in ``_ad``."""
+
+    @classmethod
+    def apply(cls, *args):
+        # torch's apply binds the arguments with inspect.signature on every call (about
+        # a third of a small call); without functorch transforms nothing needs that
+        if _torch.transforms_active():
+            return super().apply(*args)
+        for a in args:
+            if isinstance(a, torch.Tensor) and _is_wrapped(a):  # a dead torch.func wrapper
+                return super().apply(*args)
+        return _torch.function_apply(cls, *args)
+
+    @staticmethod
+    def forward(node, *ops):
+        outs = run_node(node, ops)
+        return tuple(_fresh(outs, ops) if node.rule.traced else outs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        node, ops = inputs[0], inputs[1:]
+        ctx.node = node
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*[o for o, f in zip(output, node.float_out) if not f])
+        ctx.save_for_backward(*ops, *output)
+        if _torch.transforms_active() or _torch.dual_level() >= 0:
+            ctx.save_for_forward(*ops, *output)
+        ctx.n_ops = len(ops)
+
+    @staticmethod
+    def backward(ctx, *cts):
+        node = ctx.node
+        saved = ctx.saved_tensors
+        ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
+        needs = ctx.needs_input_grad[1:]
+        if node.role != "primal":  # a derived node of host code: only what the engine runs
+            needs = _engine_needs(ctx, needs)
+        return (None, *backward(node, list(ops), list(outs), list(cts), needs))
+
+    @staticmethod
+    def jvp(ctx, _node, *tangents):
+        node = ctx.node
+        saved = _unwrapped(ctx.saved_tensors)
+        ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
+        tangents = _unwrapped(tangents)
+        # torch runs jvp staticmethods with forward AD off at every level, so an outer
+        # jvp (forward over forward) would silently see zeros; the unwrapped primals
+        # carry no tangent of this level, so turning it back on is exact.
+        with _torch.set_fwd_grad_enabled(True):
+            return tuple(forward(node, list(ops), list(outs), list(tangents)))
+
+    @staticmethod
+    def vmap(info, in_dims, node, *ops):
+        return batch(node, info.batch_size, in_dims[1:], list(ops))
+
+
+_is_wrapped = _torch.is_wrapped
+_is_legacy_batched = _torch.is_legacy_batched  # gradcheck's batched checks
+_is_alias_of = _torch.is_alias_of
+
+
+def _fresh(outs: list, ops) -> list:
+    """A traced rule's outputs, those that share memory with an input or an earlier
+    output copied (host code's outputs are fresh already).
+
+    A traced function may return an input as-is or a view of it (x, x[i]); the
+    JAX op's output buffers never alias, and torch restricts what an
+    ``autograd.Function`` or a custom op returning one may do (it refuses to save
+    an input returned as-is; forward AD wants the tangent of a view to be a view
+    of the input's tangent; a custom op's outputs may alias nothing).
+    """
+    res = []
+    for o in outs:
+        if any(_is_alias_of(o, t) for t in ops) or any(_is_alias_of(o, r) for r in res):
+            o = o.clone()
+        res.append(o)
+    return res
+
+
+def _engine_needs(ctx, needs) -> list:
+    """``needs`` less the inputs whose gradient the running backward pass discards.
+
+    A host rule cannot be differentiated in its primals, which then raises; an
+    input that merely requires grad (x under ``autograd.grad(g, ȳ)``) must not.
+    Where torch cannot tell (a leaf under ``autograd.grad``) it counts as needed.
+    """
+    out = list(needs)
+    for i, (fn, _) in enumerate(ctx.next_functions):
+        if out[i] and fn is not None:
+            try:
+                out[i] = bool(_torch.will_engine_execute(fn))
+            except RuntimeError:
+                pass
+    return out
+
+
+def _unwrapped(ts):
+    """The tensors without the tangent of the running forward-mode level, if any.
+
+    torch runs a jvp staticmethod on primals that still carry their tangents:
+    wrapped at its own level under torch.func.jvp, dual tensors under plain
+    forward AD (``forward_ad.dual_level``). Computing on them with forward AD on,
+    inside a nested transform (a transposition), or calling an op on them again
+    (a traced rule calling its own op) would ask for those tangents again.
+    """
+    level = _torch.current_level()
+    if level is not None:
+        if _torch.current_interpreter().key() != _torch.JVP:
+            return list(ts)
+        return [t if t is None or _torch.level_of(t) != level
+                else _torch.unwrap_for_grad(t, level) for t in ts]
+    dual = _torch.dual_level()
+    if dual < 0:
+        return list(ts)
+    # (a BatchedTensor of torch._vmap_internals, gradcheck's batched tangent, has no
+    # tangent of its own and cannot be unpacked)
+    return [t if t is None or _is_legacy_batched(t) else
+            _torch.unpack_dual_at(t, level=dual)[0] for t in ts]

@@ -29,6 +29,7 @@ would get a per-shard partial sum).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable
 
@@ -38,12 +39,13 @@ import torch
 from jax import tree_util
 
 from .. import _api
-from ..core import _closures, _sharding
+from ..core import _closures, _frontends, _sharding
 from ..core._jax import ShapedArray
 from ..core._op import core_of
 from ..core._spec import infer_outputs, is_float
 from . import _jax_engine, _torch, _torch_engine
-from ._front import TorchOp
+from ._front import TorchOp, _compiled_entry, front_of
+from ._run import _NP_TO_TORCH, _TORCH_TO_NP
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +234,17 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
     return handle
 
 
+def torch_op(op):
+    """``op.torch``: the torch code itself for a bridge from torch, else the op's
+    ``TorchOp`` (under torch.compile, its opaque entry)."""
+    native = native_code(op)
+    if native is not None:  # torch code: under torch.compile, dynamo sees it
+        return native
+    if torch.compiler.is_compiling():  # dynamo must not build objects it would pass on
+        return functools.partial(_compiled_entry, op)
+    return front_of(op)
+
+
 def native_code(core):
     """The torch code of a bridge from torch whose rules are still its own, or None."""
     b = BRIDGES.get(core)
@@ -268,7 +281,6 @@ _DTYPES = {torch.bfloat16: np.dtype(jax.numpy.bfloat16)}
 
 
 def _np_dtype(t: torch.Tensor) -> np.dtype:
-    from ._front import _TORCH_TO_NP
     got = _TORCH_TO_NP.get(t.dtype) or _DTYPES.get(t.dtype)
     if got is None:
         raise TypeError(f"the torch dtype {t.dtype} has no JAX counterpart")
@@ -276,7 +288,6 @@ def _np_dtype(t: torch.Tensor) -> np.dtype:
 
 
 def _torch_dtype(d) -> torch.dtype:
-    from ._front import _NP_TO_TORCH
     d = np.dtype(d)
     got = _NP_TO_TORCH.get(d) or {v: k for k, v in _DTYPES.items()}.get(d)
     if got is None:
@@ -451,3 +462,7 @@ def _module_function(module: torch.nn.Module, return_state: bool) -> Callable:
     call_module.__name__ = type(module).__name__
     call_module.module = module
     return call_module
+
+
+_frontends.MAKERS["torch"] = torch_op
+_frontends.MAKERS["torch.jax"] = _make_jax_bridge  # what op.torch runs JAX code by

@@ -14,11 +14,11 @@ piece            what it does
 ``Node``         one primitive application: host code on NumPy views of the
                  tensors (``routes._host`` runner: checks, vmap modes), or a traced
                  rule on torch tensors
-``_Fn``          the ``torch.autograd.Function`` of every node: ``forward``,
+``_ad._Fn``      the ``torch.autograd.Function`` of every node: ``forward``,
                  ``setup_context``, ``backward``, ``jvp``, ``vmap``; one subclass
-                 per op and role, named after them (``grad_fn``: ``FooBarBackward``)
-``_ad``          what ``backward`` and ``jvp`` compute (the JVP and transpose
-                 rules of ``_derivatives``, on torch tensors)
+                 per op and role, named after them (``grad_fn``: ``FooBarBackward``),
+                 and what they compute (the JVP and transpose rules of
+                 ``_derivatives``, on torch tensors)
 ``anybind::run`` the ``torch.library`` op that ``forward`` calls under ``torch.compile``,
                  with a fake implementation from the output spec
 ===============  ==================================================================
@@ -32,15 +32,13 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 """
 from __future__ import annotations
 
-import functools
 import re
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import tree_util
@@ -65,60 +63,26 @@ from ..core.roles import (
 from ..core.roles._primal import call_vmap_rule
 from ..routes import _host
 from . import _torch
-
-# ----------------------------------------------------------------- dtypes
-
-_TORCH_TO_NP = {t: np.dtype(n) for t, n in [
-    (torch.float16, "float16"), (torch.float32, "float32"), (torch.float64, "float64"),
-    (torch.complex64, "complex64"), (torch.complex128, "complex128"),
-    (torch.int8, "int8"), (torch.int16, "int16"), (torch.int32, "int32"),
-    (torch.int64, "int64"), (torch.uint8, "uint8"), (torch.bool, "bool")]}
-_BF16 = np.dtype(jnp.bfloat16)  # ml_dtypes' bfloat16, which NumPy views as int16 bits
-_TORCH_TO_NP[torch.bfloat16] = _BF16
-_NP_TO_TORCH = {n: t for t, n in _TORCH_TO_NP.items()}
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """``t.numpy()``, bfloat16 included."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_BF16)
-    return t.numpy()
-
-
-def _from_numpy(a: np.ndarray) -> torch.Tensor:
-    """``torch.from_numpy(a)``, bfloat16 included."""
-    if a.dtype == _BF16:
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
-def np_dtype(op_name: str, t: torch.Tensor, what: str) -> np.dtype:
-    try:
-        return _TORCH_TO_NP[t.dtype]
-    except KeyError:
-        raise TypeError(f"anybind op '{op_name}': {what} has dtype {t.dtype}, which NumPy "
-                        f"cannot view; supported: {sorted(str(d) for d in _TORCH_TO_NP)}"
-                        ) from None
-
-
-def torch_dtype(op_name: str, dtype) -> torch.dtype:
-    try:
-        return _NP_TO_TORCH[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"anybind op '{op_name}': dtype {np.dtype(dtype)} has no torch "
-                        f"counterpart") from None
-
-
-class _TorchXP:
-    """The array namespace ``_ad`` makes zeros with, for rules run on torch tensors."""
-
-    @staticmethod
-    def zeros(shape, dtype):
-        return torch.zeros(tuple(shape), dtype=_NP_TO_TORCH[np.dtype(dtype)])
-
-
-TXP = _TorchXP()
-
+from ._ad import _Fn, _fresh, legacy_batch
+from ._run import (  # noqa: F401
+    _FRESH,
+    _NP_TO_TORCH,
+    _TORCH_TO_NP,
+    TXP,
+    NotTorchCode,
+    _as_tensor,
+    _from_numpy,
+    _np_view,
+    _numpy,
+    apply,
+    check_outputs,
+    np_dtype,
+    run_node,
+    torch_dtype,
+    traced,
+    tracking,
+    vmapped,
+)
 
 # ------------------------------------------------------------------ nodes
 
@@ -229,8 +193,7 @@ class Node:
         try:
             ins = [_np_view(t) for t in ops]
         except RuntimeError:
-            if any(_is_legacy_batched(t) for t in ops):  # gradcheck's check_batched_grad
-                from ._ad import legacy_batch  # (imports this module)
+            if any(_torch.is_legacy_batched(t) for t in ops):  # gradcheck's check_batched_grad
                 return legacy_batch(self, list(ops))
             raise
         try:
@@ -300,249 +263,6 @@ class Node:
         outs = traced(call, self.name, run, ops)
         check_outputs(call, self.name, outs, self.shapes, self.dtypes, self.names)
         return outs
-
-
-class NotTorchCode(TypeError):
-    """Traced code failed on torch tensors: it is JAX code (``jax.numpy``, ``lax``)."""
-
-
-def traced(call: Call, name: str, run: Callable, ops) -> list:
-    """``run(*ops)`` for a traced rule on torch tensors, with a clear error if it is JAX code."""
-    try:
-        return list(run(*ops))
-    except (HostError, MissingRuleError, TypeError) as e:
-        if isinstance(e, TypeError) and "anybind op" not in str(e):
-            raise NotTorchCode(_traced_message(call, name, e)) from e
-        raise
-    except Exception as e:
-        if "anybind op" in str(e):
-            raise
-        raise NotTorchCode(_traced_message(call, name, e)) from e
-
-
-def _traced_message(call: Call, name: str, e: Exception) -> str:
-    return (f"anybind op '{call.op.name}': the traced {name} failed on torch tensors under "
-            f"op.torch ({type(e).__name__}: {e}). Traced rules that op.torch runs must use "
-            f"plain array arithmetic and bound ops only (not jax.numpy), or be host code "
-            f"(traced=False); a traced function written with jax.numpy runs by JAX "
-            f"(ab.to_torch)")
-
-
-def check_outputs(call: Call, name: str, outs, shapes, dtypes, names) -> None:
-    """A traced rule's outputs against the expected shapes and dtypes."""
-    for o, s, d, n in zip(outs, shapes, dtypes, names):
-        if not isinstance(o, torch.Tensor):
-            raise NotTorchCode(f"anybind op '{call.op.name}': under op.torch the traced {name} "
-                            f"returned {type(o).__name__} for {n}; expected a torch tensor "
-                            f"{d}{list(s)} (use plain array arithmetic and bound ops, not "
-                            f"jax.numpy)")
-        if tuple(o.shape) != tuple(s) or o.dtype != d:
-            raise TypeError(f"anybind op '{call.op.name}': the {name} returned "
-                            f"{o.dtype}{list(o.shape)} for {n}; expected {d}{list(s)}")
-
-
-def _as_tensor(x) -> torch.Tensor:
-    return x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
-
-
-# sys.getrefcount of an array held by one local name and the list it came in, only
-# (the call's own argument is the third reference)
-_FRESH = 3
-
-
-def _np_view(t: torch.Tensor) -> np.ndarray:
-    """A read-only NumPy view of a CPU tensor (a copy only for other devices)."""
-    if t.requires_grad:
-        t = t.detach()
-    try:  # refuses symbolic zeros, other devices, lazy conj/neg and bfloat16: below
-        v = t.numpy()
-    except (RuntimeError, TypeError):
-        v = _np_view_slow(t)
-    v.flags.writeable = False
-    return v
-
-
-def _np_view_slow(t: torch.Tensor) -> np.ndarray:
-    if _torch.is_zerotensor(t):  # forward AD's symbolic zeros (a tangent nobody set) have no data
-        return np.zeros(tuple(t.shape), _TORCH_TO_NP[t.dtype])
-    if not t.is_cpu:
-        t = t.cpu()
-    if t.is_conj() or t.is_neg():
-        t = t.resolve_conj().resolve_neg()
-    return _numpy(t)
-
-
-def vmapped(fn: Callable[..., list], mask: Sequence[bool], size: int) -> Callable[..., list]:
-    """``fn`` on unbatched operands, lifted to operands in ``Batch`` layout (torch.vmap)."""
-    in_dims = tuple(0 if m else None for m in mask)
-
-    def run(*ops):
-        squeezed = [o if m else o[0] for o, m in zip(ops, mask)]
-        return list(torch.vmap(lambda *a: tuple(fn(*a)), in_dims=in_dims,
-                               randomness="same")(*squeezed))
-    return run
-
-
-# --------------------------------------------------------- autograd.Function
-
-def tracking(ops: Sequence[torch.Tensor]) -> bool:
-    """Whether any transform or autograd would see this application."""
-    if _torch.transforms_active() or _torch.dual_level() >= 0:
-        return True
-    if torch.is_grad_enabled():
-        for t in ops:
-            if t.requires_grad:
-                return True
-    return False
-
-
-def apply(node: Node, ops: Sequence[torch.Tensor]) -> list:
-    """The node's outputs, recorded for autograd and torch.func where they look."""
-    if not tracking(ops):
-        return run_node(node, ops)
-    return list(node.fn.apply(node, *ops))
-
-
-def _symbolic(ops) -> bool:
-    """Whether the tensors are fake ones (torch.compile tracing): no data to compute on."""
-    for t in ops:
-        if type(t) not in _PLAIN and _torch.is_fake(t):
-            return True
-    return False
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def run_node(node: Node, ops: Sequence[torch.Tensor]) -> list:
-    """The node's outputs without autograd: host code, or ``anybind::run`` when tracing."""
-    if _symbolic(ops):
-        return list(torch.ops.anybind.run(node.id, list(ops)))
-    return node.run(ops)
-
-
-class _Fn(torch.autograd.Function):
-    """Every node under autograd and torch.func; the maths is in ``_ad``."""
-
-    @classmethod
-    def apply(cls, *args):
-        # torch's apply binds the arguments with inspect.signature on every call (about
-        # a third of a small call); without functorch transforms nothing needs that
-        if _torch.transforms_active():
-            return super().apply(*args)
-        for a in args:
-            if type(a) is not Node and _is_wrapped(a):  # a dead torch.func wrapper
-                return super().apply(*args)
-        return _torch.function_apply(cls, *args)
-
-    @staticmethod
-    def forward(node: Node, *ops):
-        outs = run_node(node, ops)
-        return tuple(_fresh(outs, ops) if node.rule.traced else outs)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        node, ops = inputs[0], inputs[1:]
-        ctx.node = node
-        ctx.set_materialize_grads(False)
-        ctx.mark_non_differentiable(*[o for o, f in zip(output, node.float_out) if not f])
-        ctx.save_for_backward(*ops, *output)
-        if _torch.transforms_active() or _torch.dual_level() >= 0:
-            ctx.save_for_forward(*ops, *output)
-        ctx.n_ops = len(ops)
-
-    @staticmethod
-    def backward(ctx, *cts):
-        node = ctx.node
-        saved = ctx.saved_tensors
-        ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
-        needs = ctx.needs_input_grad[1:]
-        if node.role != "primal":  # a derived node of host code: only what the engine runs
-            needs = _engine_needs(ctx, needs)
-        from ._ad import backward  # (imports this module)
-        return (None, *backward(node, list(ops), list(outs), list(cts), needs))
-
-    @staticmethod
-    def jvp(ctx, _node, *tangents):
-        node = ctx.node
-        saved = _unwrapped(ctx.saved_tensors)
-        ops, outs = saved[:ctx.n_ops], saved[ctx.n_ops:]
-        tangents = _unwrapped(tangents)
-        # torch runs jvp staticmethods with forward AD off at every level, so an outer
-        # jvp (forward over forward) would silently see zeros; the unwrapped primals
-        # carry no tangent of this level, so turning it back on is exact.
-        with _torch.set_fwd_grad_enabled(True):
-            from ._ad import forward  # (imports this module)
-            return tuple(forward(node, list(ops), list(outs), list(tangents)))
-
-    @staticmethod
-    def vmap(info, in_dims, node, *ops):
-        from ._ad import batch  # (imports this module)
-        return batch(node, info.batch_size, in_dims[1:], list(ops))
-
-
-_is_wrapped = _torch.is_wrapped
-_is_legacy_batched = _torch.is_legacy_batched  # gradcheck's batched checks
-_is_alias_of = _torch.is_alias_of
-
-
-def _fresh(outs: list, ops) -> list:
-    """A traced rule's outputs, those that share memory with an input or an earlier
-    output copied (host code's outputs are fresh already).
-
-    A traced function may return an input as-is or a view of it (x, x[i]); the
-    JAX op's output buffers never alias, and torch restricts what an
-    ``autograd.Function`` or a custom op returning one may do (it refuses to save
-    an input returned as-is; forward AD wants the tangent of a view to be a view
-    of the input's tangent; a custom op's outputs may alias nothing).
-    """
-    res = []
-    for o in outs:
-        if any(_is_alias_of(o, t) for t in ops) or any(_is_alias_of(o, r) for r in res):
-            o = o.clone()
-        res.append(o)
-    return res
-
-
-def _engine_needs(ctx, needs) -> list:
-    """``needs`` less the inputs whose gradient the running backward pass discards.
-
-    A host rule cannot be differentiated in its primals, which then raises; an
-    input that merely requires grad (x under ``autograd.grad(g, ȳ)``) must not.
-    Where torch cannot tell (a leaf under ``autograd.grad``) it counts as needed.
-    """
-    out = list(needs)
-    for i, (fn, _) in enumerate(ctx.next_functions):
-        if out[i] and fn is not None:
-            try:
-                out[i] = bool(_torch.will_engine_execute(fn))
-            except RuntimeError:
-                pass
-    return out
-
-
-def _unwrapped(ts):
-    """The tensors without the tangent of the running forward-mode level, if any.
-
-    torch runs a jvp staticmethod on primals that still carry their tangents:
-    wrapped at its own level under torch.func.jvp, dual tensors under plain
-    forward AD (``forward_ad.dual_level``). Computing on them with forward AD on,
-    inside a nested transform (a transposition), or calling an op on them again
-    (a traced rule calling its own op) would ask for those tangents again.
-    """
-    level = _torch.current_level()
-    if level is not None:
-        if _torch.current_interpreter().key() != _torch.JVP:
-            return list(ts)
-        return [t if t is None or _torch.level_of(t) != level
-                else _torch.unwrap_for_grad(t, level) for t in ts]
-    dual = _torch.dual_level()
-    if dual < 0:
-        return list(ts)
-    # (a BatchedTensor of torch._vmap_internals, gradcheck's batched tangent, has no
-    # tangent of its own and cannot be unpacked)
-    return [t if t is None or _is_legacy_batched(t) else
-            _torch.unpack_dual_at(t, level=dual)[0] for t in ts]
 
 
 # --------------------------------------------------------------- torch.compile
@@ -633,8 +353,7 @@ class TorchOp:
         except NotTorchCode:
             if not self.op.traced:
                 raise
-            from . import _bridges  # (imports this module)
-            self.bridge = _bridges.jax_bridge(self.op)
+            self.bridge = self.op.state("torch.jax_bridge", _frontends.MAKERS["torch.jax"])
             return self.bridge.call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
@@ -716,19 +435,6 @@ def _compiled_entry(op, *args, **kwargs):
 _torch.after_import("torch._dynamo", _mark_opaque)
 
 
-def torch_op(op):
-    """``op.torch``: the op's ``TorchOp`` (under torch.compile, its opaque entry)."""
-    if torch.compiler.is_compiling():  # dynamo must not build objects it would pass on
-        from . import _bridges  # (imports this module)
-        native = _bridges.native_code(op)
-        if native is not None:  # torch code: dynamo sees it
-            return native
-        return functools.partial(_compiled_entry, op)
-    from . import _bridges
-    native = _bridges.native_code(op)
-    return native if native is not None else front_of(op)
-
-
 def front_of(op) -> TorchOp:
     """The op's ``TorchOp`` (kept by the op until a rule changes)."""
     return op.state("torch.front", TorchOp)
@@ -754,5 +460,4 @@ def _dispatch(op, *args, **kwargs):
     return front_of(op)(*args, **kwargs)
 
 
-_frontends.FRONT_ENDS[torch.Tensor] = _dispatch
-_frontends.MAKERS["torch"] = torch_op
+_frontends.FRONT_ENDS[torch.Tensor] = _dispatch  # (op.torch's maker: ``_bridges``)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from jax import tree_util
 
-from ._front import _np_view
+from ._run import _np_view
 from ._torch_engine import _BF16, as_tensor, over, split_static, view_tensor
 
 _F0 = jax.dtypes.float0
