@@ -27,11 +27,11 @@ piece                 what it does
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import dataclasses
 import gc
 import os
-import threading
 from collections.abc import Callable, Sequence
 
 import jax.ffi
@@ -288,7 +288,8 @@ def broadcaster(batch: Batch) -> Callable:
 # Host code that calls ops whose host code runs on the same thread nests; without a base
 # case it would nest until Python's recursion limit, whose errors then nest in turn.
 MAX_NESTING = 16
-_nesting = threading.local()
+_nesting: contextvars.ContextVar[int] = contextvars.ContextVar("anybind_host_nesting",
+                                                                default=0)  # per thread
 
 
 def host_callback(call: Call, role_name: str, runner: Callable,
@@ -303,7 +304,8 @@ def host_callback(call: Call, role_name: str, runner: Callable,
     copy = call.debug and not device
 
     def guarded(ins, outs):
-        depth = _nesting.depth = getattr(_nesting, "depth", 0) + 1
+        depth = _nesting.get() + 1
+        token = _nesting.set(depth)
         try:
             if depth > MAX_NESTING:
                 raise HostError(
@@ -325,7 +327,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
             remember_host_error(op, e)
             raise e.with_traceback(None)  # noqa: B904  (e's cause is set above)
         finally:
-            _nesting.depth -= 1
+            _nesting.reset(token)
     guarded.what = f"anybind op '{op_name}': the {role_name}"
     return guarded
 
