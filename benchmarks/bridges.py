@@ -460,6 +460,7 @@ def versions() -> dict:
 
 
 def _times(title: str, res: dict, base: str) -> str:
+    res = {int(n): r for n, r in res.items()}  # sizes as JSON keeps them: strings
     names = list(dict.fromkeys(k for r in res.values() for k in r))
     rows = []
     for name in names:
