@@ -101,4 +101,26 @@ static size_t utf8_into(char *out, size_t size, const char *text, int64_t len) {
   return o;
 }
 
+/* The NumPy name of an XLA_FFI_DataType code, for messages. */
+static inline const char *anybind_dtype_name(int64_t code) {
+  switch (code) {
+    case XLA_FFI_DataType_PRED: return "bool";
+    case XLA_FFI_DataType_S8: return "int8";
+    case XLA_FFI_DataType_S16: return "int16";
+    case XLA_FFI_DataType_S32: return "int32";
+    case XLA_FFI_DataType_S64: return "int64";
+    case XLA_FFI_DataType_U8: return "uint8";
+    case XLA_FFI_DataType_U16: return "uint16";
+    case XLA_FFI_DataType_U32: return "uint32";
+    case XLA_FFI_DataType_U64: return "uint64";
+    case XLA_FFI_DataType_F16: return "float16";
+    case XLA_FFI_DataType_F32: return "float32";
+    case XLA_FFI_DataType_F64: return "float64";
+    case XLA_FFI_DataType_C64: return "complex64";
+    case XLA_FFI_DataType_BF16: return "bfloat16";
+    case XLA_FFI_DataType_C128: return "complex128";
+    default: return "another dtype";
+  }
+}
+
 #endif

@@ -212,29 +212,8 @@ static void describe_exception(char *msg, size_t size, const char *what) {
  * before host code sees them: the key may come from a crafted program.
  */
 
-static const char *code_name(int64_t code) {
-  switch (code) {
-    case XLA_FFI_DataType_PRED: return "bool";
-    case XLA_FFI_DataType_S8: return "int8";
-    case XLA_FFI_DataType_S16: return "int16";
-    case XLA_FFI_DataType_S32: return "int32";
-    case XLA_FFI_DataType_S64: return "int64";
-    case XLA_FFI_DataType_U8: return "uint8";
-    case XLA_FFI_DataType_U16: return "uint16";
-    case XLA_FFI_DataType_U32: return "uint32";
-    case XLA_FFI_DataType_U64: return "uint64";
-    case XLA_FFI_DataType_F16: return "float16";
-    case XLA_FFI_DataType_F32: return "float32";
-    case XLA_FFI_DataType_F64: return "float64";
-    case XLA_FFI_DataType_C64: return "complex64";
-    case XLA_FFI_DataType_BF16: return "bfloat16";
-    case XLA_FFI_DataType_C128: return "complex128";
-    default: return "another dtype";
-  }
-}
-
 static int shape_into(char *out, size_t size, int64_t code, int64_t rank, const int64_t *dims) {
-  int o = snprintf(out, size, "%s[", code_name(code));
+  int o = snprintf(out, size, "%s[", anybind_dtype_name(code));
   for (int64_t d = 0; d < rank && o > 0 && (size_t)o < size; ++d) {
     if (dims[d] < 0)
       o += snprintf(out + o, size - o, d ? ", *" : "*");

@@ -225,30 +225,9 @@ void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 5; }
+int32_t anybind_shim_version(void) { return 6; }
 
 /* ------------------------------------------------------------- helpers */
-
-static const char *dtype_name(int32_t code) {
-  switch (code) {
-    case XLA_FFI_DataType_PRED: return "bool";
-    case XLA_FFI_DataType_S8: return "int8";
-    case XLA_FFI_DataType_S16: return "int16";
-    case XLA_FFI_DataType_S32: return "int32";
-    case XLA_FFI_DataType_S64: return "int64";
-    case XLA_FFI_DataType_U8: return "uint8";
-    case XLA_FFI_DataType_U16: return "uint16";
-    case XLA_FFI_DataType_U32: return "uint32";
-    case XLA_FFI_DataType_U64: return "uint64";
-    case XLA_FFI_DataType_F16: return "float16";
-    case XLA_FFI_DataType_F32: return "float32";
-    case XLA_FFI_DataType_F64: return "float64";
-    case XLA_FFI_DataType_C64: return "complex64";
-    case XLA_FFI_DataType_BF16: return "bfloat16";
-    case XLA_FFI_DataType_C128: return "complex128";
-    default: return "another dtype";
-  }
-}
 
 static int64_t item_size(XLA_FFI_DataType t) {
   switch (t) {
@@ -280,7 +259,7 @@ static int64_t item_size(XLA_FFI_DataType t) {
 /* "float64[4, 3]" into out. */
 static void operand_into(char *out, size_t size, int32_t dtype, int64_t rank,
                          const int64_t *dims) {
-  int o = snprintf(out, size, "%s[", dtype_name(dtype));
+  int o = snprintf(out, size, "%s[", anybind_dtype_name(dtype));
   for (int64_t d = 0; d < rank && o > 0 && (size_t)o < size; ++d)
     o += snprintf(out + o, size - o, d ? ", %lld" : "%lld", (long long)dims[d]);
   if (o > 0 && (size_t)o < size) snprintf(out + o, size - o, "]");

@@ -45,7 +45,7 @@ import jax.ffi
 from ..core import _jax
 
 TARGET = "anybind_compiled"
-SHIM_VERSION = 5  # must equal anybind_shim_version() in _shim.c
+SHIM_VERSION = 6  # must equal anybind_shim_version() in _shim.c
 
 _lock = threading.Lock()
 _registered: list = []  # [the library] once its handler is registered with XLA
