@@ -191,6 +191,18 @@ def run_fresh_python(script: str, cwd=None):
                           capture_output=True, text=True, timeout=600)
 
 
+def fresh_stdout(res) -> str:
+    """A fresh process's stdout (``run_fresh_python``), after checking it ended normally:
+    a signal or a non-zero exit fails here, with what the process printed."""
+    import signal
+
+    if res.returncode < 0:
+        raise AssertionError(f"the process died of {signal.Signals(-res.returncode).name}:\n"
+                             f"{res.stdout}\n{res.stderr[-3000:]}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
 # ------------------------------------------------------------ torch (optional)
 
 def to_torch(tree):

@@ -5,7 +5,6 @@ exported programs that run only what they were exported with.
 Anything that could crash or hang runs in a fresh process (``run_fresh_python``),
 so that a segfault or a hang fails the test instead of ending the run.
 """
-import signal
 import textwrap
 
 import jax
@@ -15,19 +14,10 @@ import pytest
 
 import anybind as ab
 from anybind.routes import _pyffi
-from helpers import run_fresh_python
+from helpers import fresh_stdout, run_fresh_python
 
 ROUTES = {"handler": True, "buffer_callback": False}  # route -> _pyffi.enabled
 FAILED = (ab.HostError, jax.errors.JaxRuntimeError)  # eagerly, or under jit (its message)
-
-
-def _ok(res) -> str:
-    """The fresh process's stdout, after checking it ended normally (a signal fails here)."""
-    if res.returncode < 0:
-        raise AssertionError(f"the process died of {signal.Signals(-res.returncode).name}:\n"
-                             f"{res.stdout}\n{res.stderr[-3000:]}")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
 
 
 # ------------------------------------------- A1: host code cannot change a JAX array
@@ -147,7 +137,7 @@ _KEEP_DERIVED = """
 @pytest.mark.parametrize("route", ROUTES)
 def test_kept_derived_views_read_what_the_buffer_held_after_it_is_reused(route):
     n = 4_000_000  # 32 MB: freed memory is unmapped, so a dangling read faults
-    out = _ok(run_fresh_python(_KEEP_DERIVED.format(n=n, handler=ROUTES[route])))
+    out = fresh_stdout(run_fresh_python(_KEEP_DERIVED.format(n=n, handler=ROUTES[route])))
     assert out.count("ERROR") == 2, out
     assert "anybind op 'keeper': the function kept a reference to input 0" in out
     assert "anybind op 'out_keeper': the function kept a reference to output 0" in out
@@ -175,7 +165,7 @@ _SELF_CALL = """
 
 @pytest.mark.slow  # starts processes
 def test_an_op_that_calls_itself_with_no_base_case_fails_naming_it_on_every_path():
-    out = _ok(run_fresh_python(_SELF_CALL))
+    out = fresh_stdout(run_fresh_python(_SELF_CALL))
     lines = out.splitlines()
     assert len(lines) == 4 and all(line.startswith("ERROR") for line in lines), out
     assert all("anybind op 'selfcall'" in line for line in lines), out
@@ -206,7 +196,7 @@ _BASE_EXCEPTION = """
 
 @pytest.mark.slow  # starts processes
 def test_a_rules_base_exception_reaches_the_caller_at_once_as_itself():
-    out = _ok(run_fresh_python(_BASE_EXCEPTION))
+    out = fresh_stdout(run_fresh_python(_BASE_EXCEPTION))
     for kind in ("KeyboardInterrupt", "SystemExit", "Stop"):
         for how in ("eager", "vjp"):
             assert f"RAISED {how} {kind} ('stop here',) True" in out, out
@@ -259,7 +249,7 @@ _BAD_CC = """
 
 @pytest.mark.slow  # starts processes
 def test_a_bad_compiler_path_is_the_documented_runtime_error():
-    out = _ok(run_fresh_python(_BAD_CC))
+    out = fresh_stdout(run_fresh_python(_BAD_CC))
     assert out.startswith("ERROR RuntimeError anybind: building the FFI shim failed: the C "
                           "compiler '/nonexistent/cc'"), out
 
@@ -279,7 +269,7 @@ _NO_HANDLER = """
 
 @pytest.mark.slow  # starts processes
 def test_the_slow_host_path_says_so_once():
-    out = _ok(run_fresh_python(_NO_HANDLER))
+    out = fresh_stdout(run_fresh_python(_NO_HANDLER))
     assert out.count("Python FFI handler (anybind.routes._pycall) was not built") == 1, out
     assert "buffer callback, at about twice the cost per call" in out
 
@@ -438,8 +428,9 @@ def _scale(tmp_path, fn: str, version: str, what: str) -> str:
     """Run ``_SCALE`` in a fresh process: bind ``fn`` as 'mul', then export or run."""
     script = tmp_path / "scale.py"
     script.write_text(textwrap.dedent(_SCALE.format()))
-    return _ok(run_fresh_python(f"import sys; sys.argv = ['', {fn!r}, {version!r}, {what!r}]; "
-                                f"exec(open({str(script)!r}).read())", cwd=tmp_path))
+    return fresh_stdout(run_fresh_python(
+        f"import sys; sys.argv = ['', {fn!r}, {version!r}, {what!r}]; "
+        f"exec(open({str(script)!r}).read())", cwd=tmp_path))
 
 
 @pytest.mark.slow  # starts processes

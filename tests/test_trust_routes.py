@@ -5,7 +5,6 @@ Anything that could crash the process runs in a fresh one (``run_fresh_python``)
 so that a segfault fails the test instead of ending the run.
 """
 import re
-import signal
 
 import jax
 import numpy as np
@@ -13,20 +12,11 @@ import pytest
 
 import anybind as ab
 from anybind.routes import _pyffi
-from helpers import randn, run_fresh_python
+from helpers import fresh_stdout, randn, run_fresh_python
 
 BIG = 4_000_000  # 32 MB of float64: freed memory is unmapped, so a dangling read faults
 
 ROUTES = {"handler": True, "buffer_callback": False}  # route -> _pyffi.enabled
-
-
-def _ok(res) -> str:
-    """The fresh process's stdout, after checking it ended normally (a signal fails here)."""
-    if res.returncode < 0:
-        raise AssertionError(f"the process died of {signal.Signals(-res.returncode).name}:\n"
-                             f"{res.stdout}\n{res.stderr[-3000:]}")
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
 
 
 # --------------------------------------------- host code keeping views (issue 20, item 1)
@@ -86,7 +76,7 @@ def _errors(out: str) -> list[str]:
 @pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_kept_input_view_is_an_error_naming_the_op_and_input_not_a_crash(route):
-    out = _ok(run_fresh_python(_KEEP.format(handler=ROUTES[route], what="x", n=BIG,
+    out = fresh_stdout(run_fresh_python(_KEEP.format(handler=ROUTES[route], what="x", n=BIG,
                                             read=ROUTES[route])))
     errors = _errors(out)
     assert len(errors) == 4, out
@@ -105,7 +95,7 @@ def test_a_kept_input_view_is_an_error_naming_the_op_and_input_not_a_crash(route
 @pytest.mark.slow  # starts a process
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_kept_view_derived_from_an_input_is_an_error_too(route):
-    out = _ok(run_fresh_python(_KEEP.format(handler=ROUTES[route], what="x[1:].T", n=BIG,
+    out = fresh_stdout(run_fresh_python(_KEEP.format(handler=ROUTES[route], what="x[1:].T", n=BIG,
                                             read=False)))
     errors = _errors(out)
     assert len(errors) == 4, out
@@ -144,7 +134,7 @@ def test_host_callback_keys_are_random_63_bit_numbers():
 
 @pytest.mark.slow  # starts a process
 def test_a_crafted_call_with_other_operands_is_refused_before_host_code_runs():
-    out = _ok(run_fresh_python("""
+    out = fresh_stdout(run_fresh_python("""
         import re, numpy as np, jax, anybind as ab
         jax.config.update("jax_enable_x64", True)
         ran = []
@@ -310,8 +300,8 @@ _EXPORT = """
 
 @pytest.mark.slow  # starts a process
 def test_a_fresh_process_that_bound_no_compiled_op_names_the_missing_one(tmp_path):
-    _ok(run_fresh_python(_EXPORT.format(name="bound_elsewhere"), cwd=tmp_path))
-    out = _ok(run_fresh_python("""
+    fresh_stdout(run_fresh_python(_EXPORT.format(name="bound_elsewhere"), cwd=tmp_path))
+    out = fresh_stdout(run_fresh_python("""
         import numpy as np, jax, anybind as ab  # no compiled op bound here
         jax.config.update("jax_enable_x64", True)
         exported = jax.export.deserialize(open("program.bin", "rb").read())
@@ -326,8 +316,8 @@ def test_a_fresh_process_that_bound_no_compiled_op_names_the_missing_one(tmp_pat
 
 @pytest.mark.slow  # starts a process
 def test_a_program_links_by_its_ops_name_and_refuses_another_function_there(tmp_path):
-    _ok(run_fresh_python(_EXPORT.format(name="linked_by_name"), cwd=tmp_path))
-    out = _ok(run_fresh_python("""
+    fresh_stdout(run_fresh_python(_EXPORT.format(name="linked_by_name"), cwd=tmp_path))
+    out = fresh_stdout(run_fresh_python("""
         import numpy as np, jax, anybind as ab
         jax.config.update("jax_enable_x64", True)
         import compiled_ops
@@ -351,7 +341,7 @@ def test_a_program_links_by_its_ops_name_and_refuses_another_function_there(tmp_
 
 @pytest.mark.slow  # starts a process
 def test_a_crafted_call_of_a_compiled_function_is_checked_against_its_op():
-    out = _ok(run_fresh_python("""
+    out = fresh_stdout(run_fresh_python("""
         import numpy as np, jax, anybind as ab
         from anybind.routes import _compiled
         jax.config.update("jax_enable_x64", True)
@@ -457,7 +447,7 @@ def _probe(bare_package, cache, marker):
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(
         _PROBE.format(lib=str(compiled_ops.LIB_PATH)))], env=env, capture_output=True,
         text=True, timeout=600)
-    out = _ok(res)
+    out = fresh_stdout(res)
     assert "RESULT [4.0, 4.0, 4.0]" in out, out
     return out
 
