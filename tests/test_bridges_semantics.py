@@ -323,3 +323,49 @@ def test_in_place_code_is_out_of_place_with_its_derivatives():
                  np.diag(-np.sin(kept[0] * kept[1]) * kept[1] ** 2))
     np.testing.assert_array_equal(np.asarray(x), kept[0])
     np.testing.assert_array_equal(np.asarray(y), kept[1])
+
+
+# ---------------------------------------------------------- pickling (trust round 3, F11)
+
+def test_a_from_torch_op_pickles_as_from_torch_of_its_code():
+    """An op made by ab.from_torch pickles as that call (its function or module, and the
+    options), not as the rules the bridge made: it loads and differentiates as before."""
+    import pickle
+
+    net = torch.nn.Linear(3, 2).double()
+    for made in (ab.from_torch(torch.sin, name="pickled_sin"), ab.from_torch(net)):
+        back = pickle.loads(pickle.dumps(made))
+        assert back.name == made.name
+        args = ((jnp.linspace(0.1, 1.0, 3),) if made.name == "pickled_sin" else
+                ({k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()},
+                 jnp.linspace(0.1, 1.0, 3)))
+        f = lambda *a, op=made: op(*a).sum()  # noqa: E731
+        g = lambda *a, op=back: op(*a).sum()  # noqa: E731
+        np.testing.assert_allclose(g(*args), f(*args), rtol=1e-12)
+        for a, b in zip(jax.tree_util.tree_leaves(jax.grad(g)(*args)),
+                        jax.tree_util.tree_leaves(jax.grad(f)(*args))):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_to_torch_pickles_and_op_torch_names_the_way_out():
+    import pickle
+
+    back = pickle.loads(pickle.dumps(ab.to_torch(jnp.sin, name="pickled_to_torch")))
+    x = torch.linspace(0.1, 1.0, 3, dtype=torch.float64)
+    torch.testing.assert_close(back(x), torch.sin(x))
+    with pytest.raises(pickle.PicklingError, match="'traced_cos': its op.torch pickles with "
+                                                   "the op"):
+        pickle.dumps(ab.bind(jnp.cos, traced=True, name="traced_cos").torch)
+
+
+def test_from_torch_takes_the_vmap_modes_by_jax_names():
+    seen = []
+
+    def f(x, w):
+        seen.append(tuple(w.shape))
+        return x * w
+
+    op = ab.from_torch(f, vmap="broadcast_all", name="bcast_torch")
+    out = jax.vmap(op, in_axes=(0, None))(jnp.ones((4, 3)), jnp.arange(3.0))
+    np.testing.assert_allclose(out, np.tile(np.arange(3.0), (4, 1)))
+    assert (4, 3) in seen

@@ -6,6 +6,7 @@ docstrings, and how the op pickles.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import pickle
 from collections.abc import Callable
@@ -51,11 +52,14 @@ class Op(Handle):
     def __reduce__(self) -> tuple:
         """Pickled as how it was made: ``bind``'s arguments, then each ``def_*`` call, so
         an op pickles wherever its function, rules and spec do (see ``_portable``)."""
+        remake = self.__dict__.get("_remake")
+        if remake is not None:
+            return remake
         fn, options, defs = self._made
         name = self._core.name
-        fields = {k: _portable(v, name, f"{k}=") for k, v in vars(options).items()}
-        return _remade, (_portable(fn, name, "function"), Options(**fields),
-                         tuple((d, _portable(r, name, f"{d} rule"), kw) for d, r, kw in defs))
+        fields = {k: portable(v, name, f"{k}=") for k, v in vars(options).items()}
+        return _remade, (portable(fn, name, "function"), Options(**fields),
+                         tuple((d, portable(r, name, f"{d} rule"), kw) for d, r, kw in defs))
 
     def __getattr__(self, name: str) -> Any:  # what the handle lacks: the op's
         return getattr(self.__dict__["_core"], name)
@@ -322,7 +326,17 @@ def handle_of(core: CoreOp) -> Op:
     return h
 
 
-def _portable(obj: Any, op_name: str, what: str) -> Any:
+def pickled_as(handle: Op, make: Callable, args: tuple, kwargs: dict) -> Op:
+    """Let ``handle`` pickle as ``make(*args, **kwargs)``, a front end's own constructor
+    (``ab.from_torch``) rather than the ``bind`` and rules it made; its pieces portable."""
+    name = handle.name
+    args = tuple(portable(a, name, "argument") for a in args)
+    kwargs = {k: portable(v, name, f"{k}=") for k, v in kwargs.items()}
+    object.__setattr__(handle, "_remake", (functools.partial(make, **kwargs), args))
+    return handle
+
+
+def portable(obj: Any, op_name: str, what: str) -> Any:
     """``obj`` in a form that pickles: itself where pickle takes it; a reference by module
     and name where it is a module's attribute that pickle refuses (``jax.numpy.sin``);
     cloudpickle's bytes where cloudpickle is installed and takes it (a lambda, a

@@ -41,7 +41,7 @@ from jax import tree_util
 from .. import _api
 from ..core import _closures, _frontends, _sharding
 from ..core._jax import ShapedArray
-from ..core._op import core_of
+from ..core._op import MODES, core_of, is_mode
 from ..core._spec import infer_outputs, is_float
 from . import _jax_engine, _torch, _torch_engine
 from ._front import TorchOp, _compiled_entry, front_of
@@ -141,6 +141,7 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         return fn  # already an op, with its own op.torch
     if isinstance(fn, TorchOp):
         return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
+    given = fn
     if isinstance(fn, torch.nn.Module):
         fn = _module_function(fn, return_state)
     elif return_state:
@@ -149,12 +150,15 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     if not callable(fn):
         raise TypeError(f"ab.from_torch expects a function of torch tensors or an "
                         f"nn.Module, got {type(fn).__name__}")
-    if not (vmap is None or vmap in ("sequential", "vectorized") or callable(vmap)):
-        raise ValueError(f"ab.from_torch: vmap must be None (torch.vmap), 'sequential', "
-                         f"'vectorized' or a rule on tensors, got {vmap!r}")
+    if not (vmap is None or is_mode(vmap) or callable(vmap)):
+        raise ValueError(f"ab.from_torch: vmap must be None (torch.vmap), one of {MODES} or a "
+                         f"rule on tensors, got {vmap!r}")
     name = name or getattr(fn, "__name__", None) or "torch_fn"
-    return bridge(TORCH, fn, name=name, shape=FakeSpec(fn, name) if shape is None else shape,
-                  vmap=vmap, shard=shard, replicated=replicated, examples=examples)
+    op = bridge(TORCH, fn, name=name, shape=FakeSpec(fn, name) if shape is None else shape,
+                vmap=vmap, shard=shard, replicated=replicated, examples=examples)
+    return _api.pickled_as(op, from_torch, (given,), dict(
+        shape=shape, name=name, vmap=vmap, shard=shard, replicated=replicated,
+        examples=examples, return_state=return_state))
 
 
 def to_torch(fn: Callable, *, name: str | None = None) -> TorchOp:
@@ -185,6 +189,7 @@ def to_torch(fn: Callable, *, name: str | None = None) -> TorchOp:
         raise TypeError(f"ab.to_torch expects a JAX function, got {type(fn).__name__}")
     front = _api.bind(fn, traced=True, name=name).torch
     front.bridge = jax_bridge(front.op)  # explicit: JAX runs it, whatever the code is
+    front.pickled = (to_torch, (_api.portable(fn, front.op.name, "function"),), {"name": name})
     return front
 
 
@@ -208,7 +213,7 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
     """An op running ``fn`` by ``engine``, with rules from the engine's transforms;
     ``parent``: the ``Bridge`` whose function's derivative ``fn`` is."""
     opts = dict(shape=shape, name=name, shard=shard, replicated=replicated, examples=examples,
-                vmap=vmap if vmap in ("sequential", "vectorized") else None)
+                vmap=vmap if is_mode(vmap) else None)
     host = engine.host(fn, name)
     if parent is not None and engine.native:  # its random draws are its root's
         host.root, host.depth = parent.host.root, parent.host.depth + 1
@@ -267,7 +272,7 @@ def derived(core, kind: str):
     made = b.derived.get(kind)
     if made is None:
         fn = (b.engine.jvp_of if kind == "jvp" else b.engine.vjp_of)(b.fn)
-        vmap = b.vmap if b.vmap in ("sequential", "vectorized") else None
+        vmap = b.vmap if is_mode(b.vmap) else None
         shard = Shard(core, kind) if core.shard is not None else None
         h = bridge(b.engine, fn, name=f"{core.name}_{kind}", shape=Spec(core, kind),
                    vmap=vmap, shard=shard, parent=b)

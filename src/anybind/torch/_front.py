@@ -32,6 +32,8 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 """
 from __future__ import annotations
 
+import functools
+import pickle
 import re
 import sys
 import threading
@@ -308,6 +310,16 @@ class TorchOp:
 
     def __repr__(self) -> str:
         return f"<torch front end of {self.op!r}>"
+
+    pickled: tuple | None = None  # (make, args, kwargs) it pickles as, if it has a maker
+
+    def __reduce__(self) -> tuple:
+        if self.pickled is None:
+            raise pickle.PicklingError(
+                f"anybind op '{self.op.name}': its op.torch pickles with the op: pickle the "
+                f"op (ab.Op) and take .torch of what loads")
+        make, args, kwargs = self.pickled
+        return functools.partial(make, **kwargs), args
 
     def function(self, role: str) -> type:
         """The op's ``_Fn`` for nodes of this role, named after both, so that autograd's
