@@ -51,7 +51,7 @@ class Op(Handle):
 
     def __reduce__(self) -> tuple:
         """Pickled as how it was made: ``bind``'s arguments, then each ``def_*`` call, so
-        an op pickles wherever its function, rules and spec do (see ``_portable``)."""
+        an op pickles wherever its function, rules and spec do (see ``portable``)."""
         remake = self.__dict__.get("_remake")
         if remake is not None:
             return remake
