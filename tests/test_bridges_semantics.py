@@ -369,3 +369,13 @@ def test_from_torch_takes_the_vmap_modes_by_jax_names():
     out = jax.vmap(op, in_axes=(0, None))(jnp.ones((4, 3)), jnp.arange(3.0))
     np.testing.assert_allclose(out, np.tile(np.arange(3.0), (4, 1)))
     assert (4, 3) in seen
+
+
+def test_an_op_given_back_by_the_front_end_says_what_to_pickle():
+    import pickle
+
+    op = ab.bind(jnp.sin, traced=True, name="given_back")
+    back = ab.from_torch(op.torch)
+    with pytest.raises(pickle.PicklingError, match="'given_back' was given back by a front "
+                                                   "end.*pickle the op it came from"):
+        pickle.dumps(back)

@@ -57,6 +57,10 @@ class Op(Handle):
             return remake
         fn, options, defs = self._made
         name = self._core.name
+        if options is None:  # a handle_of handle: how the op was made is not known here
+            raise pickle.PicklingError(
+                f"anybind op '{name}' was given back by a front end (ab.from_torch of its "
+                f"op.torch): pickle the op it came from")
         fields = {k: portable(v, name, f"{k}=") for k, v in vars(options).items()}
         return _remade, (portable(fn, name, "function"), Options(**fields),
                          tuple((d, portable(r, name, f"{d} rule"), kw) for d, r, kw in defs))
