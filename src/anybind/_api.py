@@ -52,11 +52,12 @@ class Op(Handle):
     def __reduce__(self) -> tuple:
         """Pickled as how it was made: ``bind``'s arguments, then each ``def_*`` call, so
         an op pickles wherever its function, rules and spec do (see ``portable``)."""
+        name = self._core.name
         remake = self.__dict__.get("_remake")
         if remake is not None:
-            return remake
+            make, args, kwargs = remake
+            return remade(make, args, kwargs, name)
         fn, options, defs = self._made
-        name = self._core.name
         if options is None:  # a handle_of handle: how the op was made is not known here
             raise pickle.PicklingError(
                 f"anybind op '{name}' was given back by a front end (ab.from_torch of its "
@@ -332,12 +333,16 @@ def handle_of(core: CoreOp) -> Op:
 
 def pickled_as(handle: Op, make: Callable, args: tuple, kwargs: dict) -> Op:
     """Let ``handle`` pickle as ``make(*args, **kwargs)``, a front end's own constructor
-    (``ab.from_torch``) rather than the ``bind`` and rules it made; its pieces portable."""
-    name = handle.name
-    args = tuple(portable(a, name, "argument") for a in args)
-    kwargs = {k: portable(v, name, f"{k}=") for k, v in kwargs.items()}
-    object.__setattr__(handle, "_remake", (functools.partial(make, **kwargs), args))
+    (``ab.from_torch``) rather than the ``bind`` and rules it made."""
+    object.__setattr__(handle, "_remake", (make, args, kwargs))
     return handle
+
+
+def remade(make: Callable, args: tuple, kwargs: dict, op_name: str) -> tuple:
+    """The pickle reduction of ``make(*args, **kwargs)``, its pieces made portable."""
+    args = tuple(portable(a, op_name, "argument") for a in args)
+    kwargs = {k: portable(v, op_name, f"{k}=") for k, v in kwargs.items()}
+    return functools.partial(make, **kwargs), args
 
 
 def portable(obj: Any, op_name: str, what: str) -> Any:

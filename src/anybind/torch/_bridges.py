@@ -189,7 +189,7 @@ def to_torch(fn: Callable, *, name: str | None = None) -> TorchOp:
         raise TypeError(f"ab.to_torch expects a JAX function, got {type(fn).__name__}")
     front = _api.bind(fn, traced=True, name=name).torch
     front.bridge = jax_bridge(front.op)  # explicit: JAX runs it, whatever the code is
-    front.pickled = (to_torch, (_api.portable(fn, front.op.name, "function"),), {"name": name})
+    front.pickled = (to_torch, (fn,), {"name": name})
     return front
 
 

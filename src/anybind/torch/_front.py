@@ -32,7 +32,6 @@ gradients are the conjugates (x̄ = conj(Jᵀ·conj(ȳ))), converted at ``backwa
 """
 from __future__ import annotations
 
-import functools
 import pickle
 import re
 import sys
@@ -45,6 +44,7 @@ import numpy as np
 import torch
 from jax import tree_util
 
+from .._api import remade
 from ..core import _batching, _frontends
 from ..core._batching import declared_out_batched
 from ..core._code import is_compiled
@@ -318,8 +318,7 @@ class TorchOp:
             raise pickle.PicklingError(
                 f"anybind op '{self.op.name}': its op.torch pickles with the op: pickle the "
                 f"op (ab.Op) and take .torch of what loads")
-        make, args, kwargs = self.pickled
-        return functools.partial(make, **kwargs), args
+        return remade(*self.pickled, self.op.name)
 
     def function(self, role: str) -> type:
         """The op's ``_Fn`` for nodes of this role, named after both, so that autograd's
