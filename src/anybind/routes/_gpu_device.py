@@ -104,7 +104,7 @@ class Route:
         return site.rule.device
 
     def adopt(self, op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
-        if kind == "function" or "." not in kind:
+        if "." not in kind:  # the code itself, not a rule's batched variant
             check_declaration(op.name, where, traced, device, host)
 
     def lower(self, site: Site, *args):
