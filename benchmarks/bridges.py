@@ -23,7 +23,8 @@ Both directions run the same function, f(x1, x2) = x1·x2², in float64 on the C
   plus ``torch.autograd.grad`` of both inputs (a contiguous cotangent of ones).
 
 Per-call times are ``run.measure``'s: round-robin over the routes, the minimum over
-samples as the headline, the median beside it; each route is checked against the
+samples as the headline, the median beside it, with JAX's CPU dispatch synchronous
+as in ``run.py`` (``--async-dispatch`` keeps it asynchronous); each route is checked against the
 reference first. Then per package: forward mode, Hessian and vmap (each checked
 against the reference, differentiating in x2), sharding (2 simulated CPU devices,
 x1 and x2 split, in a subprocess: does the result hold, and does the code run per
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,6 +55,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import anybind as ab  # noqa: E402
+
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 SIZES = (1, 1_000, 1_000_000)
 PACKAGES = ("anybind", "torch2jax", "jax2torch", "torch-jax-interop")
@@ -123,6 +127,7 @@ def _grad(f):
 
 
 FLOOR = "floor (JAX half + torch half)"
+HAND = "by hand (the two halves in one call)"
 
 
 def _add_floor(out: dict) -> None:
@@ -146,10 +151,26 @@ def _torch_in_jax_floors(x1, x2) -> dict:
         a, b = t1.detach().requires_grad_(), t2.detach().requires_grad_()
         y = tf(a, b)
         return torch.autograd.grad(y, [a, b], torch.ones_like(y))
+    hand = _by_hand_in_jax()
     return {"floor: JAX half|forward": run._thunk(fwd, (x1, x2)),
             "floor: JAX half|jit(grad)": run._thunk(grd, (x1, x2)),
             "floor: torch half|forward": lambda: tf(t1, t2),
-            "floor: torch half|jit(grad)": torch_grad}
+            "floor: torch half|jit(grad)": torch_grad,
+            f"{HAND}|forward": run._thunk(jax.jit(hand), (x1, x2)),
+            f"{HAND}|jit(grad)": run._thunk(jax.jit(_grad(hand)), (x1, x2))}
+
+
+def _by_hand_in_jax():
+    """The two halves composed by hand, with nothing checked: the JAX half's host op
+    running f in torch on DLPack views, its vjp by ``torch.autograd.grad``."""
+    def fwd(a, b):
+        return tf(torch.from_dlpack(a), torch.from_dlpack(b)).numpy()
+
+    def vjp(p, ct):
+        a, b = (torch.from_dlpack(x).requires_grad_() for x in p)
+        return tuple(g.numpy() for g in torch.autograd.grad(tf(a, b), [a, b],
+                                                               torch.from_dlpack(ct)))
+    return ab.bind(fwd, shape=ab.like(0), name="f_by_hand", vjp=vjp)
 
 
 def time_torch_in_jax(repeats: int, sample_s: float, errors: dict) -> dict:
@@ -307,6 +328,29 @@ def _backward(f, t1, t2):
     return run_
 
 
+class _ByHand(torch.autograd.Function):
+    """The two halves composed by hand, with nothing checked: jit(f) and its jitted vjp
+    on NumPy views, inside an ``autograd.Function`` (JAX's results are read-only arrays,
+    taken over without a copy: torch's warning about that is silenced)."""
+
+    @staticmethod
+    def forward(a, b):
+        return torch.from_numpy(np.asarray(_JF(a.numpy(), b.numpy())))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        return tuple(torch.from_numpy(np.asarray(v))
+                     for v in _JF_VJP(a.numpy(), b.numpy(), g.numpy()))
+
+
+_JF, _JF_VJP = jax.jit(jf), jax.jit(lambda a, b, c: jax.vjp(jf, a, b)[1](c))
+
+
 class _Identity(torch.autograd.Function):
     """The torch half of a torch operation: an autograd.Function that does nothing."""
 
@@ -341,7 +385,9 @@ def _jax_in_torch_floors(t1, t2, g1, g2) -> dict:
     return {"floor: JAX half|forward": lambda: np.asarray(f(a, b)),
             "floor: JAX half|forward+backward": jax_both,
             "floor: torch half|forward": lambda: _Identity.apply(t1, t2),
-            "floor: torch half|forward+backward": torch_both}
+            "floor: torch half|forward+backward": torch_both,
+            f"{HAND}|forward": lambda: _ByHand.apply(t1, t2),
+            f"{HAND}|forward+backward": _backward(_ByHand.apply, g1, g2)}
 
 
 def time_jax_in_torch(repeats: int, sample_s: float, errors: dict) -> dict:
@@ -462,6 +508,7 @@ def versions() -> dict:
 def _times(title: str, res: dict, base: str) -> str:
     res = {int(n): r for n, r in res.items()}  # sizes as JSON keeps them: strings
     names = list(dict.fromkeys(k for r in res.values() for k in r))
+    names.sort(key=lambda k: k in (HAND, FLOOR))  # the two references last
     rows = []
     for name in names:
         row = [name]
@@ -470,11 +517,12 @@ def _times(title: str, res: dict, base: str) -> str:
             row.append("–" if r is None else f"{run._fmt(r['min_us'])} ({run._fmt(r['median_us'])})"
                        + ("" if b is None or name == base else f" ×{r['min_us'] / b['min_us']:.2g}"))
         rows.append(row)
-    row = ["anybind ÷ floor"]
-    for n in SIZES:
-        r, f = res.get(n, {}).get("anybind"), res.get(n, {}).get(FLOOR)
-        row.append("–" if r is None or f is None else f"{r['min_us'] / f['min_us']:.2f}")
-    rows.append(row)
+    for below, label in ((FLOOR, "floor"), (HAND, "by hand")):
+        row = [f"anybind ÷ {label}"]
+        for n in SIZES:
+            r, f = res.get(n, {}).get("anybind"), res.get(n, {}).get(below)
+            row.append("–" if r is None or f is None else f"{r['min_us'] / f['min_us']:.2f}")
+        rows.append(row)
     return "\n".join([f"**{title}** — µs per call, min (median), ×: min over {base}'s", "",
                       run._md(["route"] + [f"n = {n:,}" for n in SIZES], rows)])
 
@@ -525,7 +573,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--sample-ms", type=float, default=2.0)
     ap.add_argument("--update-readme", action="store_true")
     ap.add_argument("--out", default=str(HERE / "bridges.json"))
+    ap.add_argument("--async-dispatch", action="store_true",
+                    help="keep JAX's asynchronous CPU dispatch (off by default, as in run.py)")
     args = ap.parse_args(argv)
+    # As in run.py: every call waits for its result, so asynchronous dispatch only adds a
+    # hand-off to XLA's worker thread, whose cost on a loaded 2-core machine swamps the
+    # microseconds measured here (to_torch at n = 1000: 26 µs synchronous, 35–80 µs not).
+    jax.config.update("jax_cpu_enable_async_dispatch", args.async_dispatch)
     repeats = args.repeats or (5 if args.quick else 15)
     sample_s = args.sample_ms / 1e3
     t0 = time.perf_counter()

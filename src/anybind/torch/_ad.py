@@ -44,7 +44,16 @@ from ..core.roles import (
     uses_residuals,
 )
 from . import _torch
-from ._run import TXP, apply, check_outputs, run_node, torch_dtype, traced
+from ._run import (
+    TXP,
+    _symbolic,
+    apply,
+    check_outputs,
+    run_node,
+    torch_dtype,
+    traced,
+    tracking,
+)
 
 Node = Any  # a node, ``_front.Node`` (whose module imports this one)
 
@@ -133,17 +142,15 @@ def cotangents(node: Node, ops: list, outs: list, cts: list, needs) -> list:
     """x̄ = ∂f(x)ᵀ·ȳ for every operand (None where not needed or zero)."""
     if node.batch is not None:
         return _batched_cotangents(node, ops, outs, cts, needs)
-    if node.role == "primal":  # the common case, planned once per pattern of zeros
+    if node.role == "primal":  # the common cases, planned once per pattern of zeros
         key = (tuple([c is not None for c in cts]), tuple(needs))
         plan = node.plans.get(key, False)
         if plan is False:
-            plan = node.plans[key] = _host_vjp_plan(node, *key)
+            plan = node.plans[key] = _vjp_plan(node, *key)
         if plan is not None:
-            vjp_node, given, wanted = plan
-            res = [None] * len(ops)
-            for i, c in zip(wanted, apply(vjp_node, [*ops, *[cts[j] for j in given]])):
-                res[i] = c
-            return res
+            tensors_only, run = plan
+            if not (tensors_only and _not_plain([*ops, *[c for c in cts if c is not None]])):
+                return run(ops, cts)
     call, role, op = node.call, node.role, node.call.op
     lay = node.layout(len(ops))
     for k, i in enumerate(lay.ks):
@@ -180,20 +187,41 @@ def cotangents(node: Node, ops: list, outs: list, cts: list, needs) -> list:
     return res
 
 
-def _host_vjp_plan(node: Node, present, needs):
-    """(vjp node, present cotangents, wanted operands) when the op's host vjp rule
-    alone answers this pattern of zeros; None when the general path must decide."""
+def _not_plain(ts) -> bool:
+    """Whether autograd, a transform or torch.compile's tracing sees these tensors."""
+    return tracking(ts) or _symbolic(ts)
+
+
+def _vjp_plan(node: Node, present, needs):
+    """``(tensors_only, run(ops, cts) -> x̄)`` when the op's vjp rule alone answers this
+    pattern of zeros: a host rule's node, or a rule with a way of its own to run on plain
+    tensors (``tensor_vjp``: a bridge's, which nothing may differentiate or trace); None
+    when the general path must decide."""
     call, op = node.call, node.call.op
     vr = op.vjp_rule
-    if op.linear or uses_residuals(call) or vr is None or vr.traced or \
-            any(needs[call.n_in:]):
+    if op.linear or uses_residuals(call) or vr is None or any(needs[call.n_in:]):
         return None
     ct_lin = tuple(p and f for p, f in zip(present, call.float_out))
     need = tuple(bool(needs[i]) and call.float_in[i] for i in range(call.n_in))
     if not any(need) or not any(ct_lin):
         return None
-    return (node.derived("vjp", None, ct_lin, need), [j for j, p in enumerate(ct_lin) if p],
-            [i for i, k in enumerate(need) if k])
+    given = [j for j, p in enumerate(ct_lin) if p]
+    wanted = [i for i, k in enumerate(need) if k]
+    n_ops, n_in = len(needs), call.n_in
+
+    def spread(got) -> list:
+        res = [None] * n_ops
+        for i, c in zip(wanted, got):
+            res[i] = c
+        return res
+    if not vr.traced:
+        vjp_node = node.derived("vjp", None, ct_lin, need)
+        return False, lambda ops, cts: spread(apply(vjp_node, [*ops, *[cts[j] for j in given]]))
+    make = getattr(vr.fn, "tensor_vjp", None)
+    direct = None if make is None else make(call, ct_lin, need)
+    if direct is None:
+        return None
+    return True, lambda ops, cts: spread(direct(ops[:n_in], ops[n_in:], [cts[j] for j in given]))
 
 
 def _primal_vjp(node: Node, xs, ks, rs, cts, ct_lin, need) -> list:

@@ -263,7 +263,37 @@ def _rule(core, kind: str) -> Callable:
     def rule(primals, second, **kw):
         return derived(core, kind)(primals, second, **kw)
     rule.__name__ = f"{core.name}_{kind}_rule"
+    if kind == "vjp":
+        rule.tensor_vjp = functools.partial(_tensor_vjp, core)
     return _closures.closes_over_nothing(rule)
+
+
+def _tensor_vjp(core, call, ct_lin, need):
+    """What torch's first-order backward runs for a bridge whose code is JAX:
+    ``vjp(xs, ks, cts) -> x̄`` of the inputs ``need`` marks (JAX's convention), the
+    derived vjp bridge's code run on the tensors directly, with none of the front
+    end's dispatch in between; None for torch code (whose ``op.torch`` is itself)."""
+    if BRIDGES[core].engine.native:
+        return None
+    d = derived(core, "vjp")
+    ct = call.out_tree.unflatten([a if f else None for a, f in zip(call.out_avals,
+                                                                     call.float_out)])
+    leaves, args_tree = tree_util.tree_flatten((call.args(list(call.in_avals)), ct))
+    with jax.enable_x64(True):  # torch's dtypes, as the front end makes its calls
+        dcall = d.call_for(args_tree, call.kw_tree, call.static, tuple(leaves),
+                           call.kw_avals, call.static_types)
+    run = BRIDGES[d].host.tensor_runner(dcall)
+    floats = [i for i, f in enumerate(call.float_in) if f]
+    pick = [floats.index(i) for i, k in enumerate(need) if k]
+    zeros = [None if p else (a.shape, _torch_dtype(a.dtype))
+             for p, a, f in zip(ct_lin, call.out_avals, call.float_out) if f]
+
+    def vjp(xs, ks, cts):
+        it = iter(cts)
+        full = [next(it) if z is None else torch.zeros(z[0], dtype=z[1]) for z in zeros]
+        outs = run([*xs, *full, *ks])
+        return [outs[j] for j in pick]
+    return vjp
 
 
 def derived(core, kind: str):

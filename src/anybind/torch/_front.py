@@ -369,12 +369,16 @@ class TorchOp:
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         op = self.op
-        operands, static = split_kwargs(op, kwargs, _is_tensor, "a tensor") if kwargs \
-            else ({}, ())
         xs, args_tree = tree_util.tree_flatten(args)
-        ks, kw_tree = tree_util.tree_flatten(operands)
-        xs = [_operand(op, x, f"positional input leaf {i}") for i, x in enumerate(xs)]
-        ks = [_operand(op, k, f"keyword operand leaf {i}") for i, k in enumerate(ks)]
+        if kwargs:
+            operands, static = split_kwargs(op, kwargs, _is_tensor, "a tensor")
+            ks, kw_tree = tree_util.tree_flatten(operands)
+        else:
+            static, ks, kw_tree = (), [], _NO_KWARGS
+        for leaves, what in ((xs, "positional input"), (ks, "keyword operand")):
+            for i, x in enumerate(leaves):
+                if type(x) is not torch.Tensor:
+                    leaves[i] = _operand(op, x, f"{what} leaf {i}")
         ops = xs + ks
         key = (args_tree, kw_tree, static, tuple([(t.shape, t.dtype) for t in ops]),
                tuple(type(v) for _, v in static), op.version)
@@ -449,6 +453,9 @@ _torch.after_import("torch._dynamo", _mark_opaque)
 def front_of(op) -> TorchOp:
     """The op's ``TorchOp`` (kept by the op until a rule changes)."""
     return op.state("torch.front", TorchOp)
+
+
+_NO_KWARGS = tree_util.tree_structure({})
 
 
 def _operand(op, x, what: str) -> torch.Tensor:

@@ -104,7 +104,7 @@ class JaxHost:
         def run(ops):
             if all(t.is_cpu for t in ops):
                 with x64(True):
-                    outs = f(*[_np_view(t) for t in ops])
+                    outs = f(*[_jax_in(t) for t in ops])
                 # a NumPy view of each result, then DLPack: no copy, several times
                 # cheaper than DLPack of the jax.Array (which waits on its own)
                 res = [view_tensor(a) if a.dtype != _BF16 else as_tensor(a)
@@ -118,6 +118,16 @@ class JaxHost:
                 res = [r.clone() if r.data_ptr() in ptrs and r.numel() else r for r in res]
             return res
         return run
+
+
+def _jax_in(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as JAX's input: a NumPy view, writable (JAX writes into no input,
+    and takes a read-only array of a thousand elements or more at several times the
+    cost)."""
+    try:
+        return (t.detach() if t.requires_grad else t).numpy()
+    except (RuntimeError, TypeError):  # lazy conj/neg, bfloat16, symbolic zeros
+        return _np_view(t)
 
 
 def _jax_view(t: torch.Tensor) -> jax.Array:
