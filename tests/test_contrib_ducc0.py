@@ -21,6 +21,7 @@ special = pytest.importorskip("scipy.special")
 OPS = [name for name in dj.__all__ if isinstance(getattr(dj, name), ab.Op)]
 
 
+@pytest.mark.slow  # ab.check's whole battery on every op; other tests here touch each module
 @pytest.mark.parametrize("name", OPS)
 def test_ab_check_passes_on_examples(name):
     report = ab.check(getattr(dj, name))

@@ -19,6 +19,7 @@ sj = pytest.importorskip("anybind.contrib.scipy")
 OPS = [name for name in sj.__all__ if isinstance(getattr(sj, name), ab.Op)]
 
 
+@pytest.mark.slow  # ab.check's whole battery on every op; other tests here touch each module
 @pytest.mark.parametrize("name", OPS)
 def test_ab_check_passes_on_examples(name):
     report = ab.check(getattr(sj, name))
