@@ -204,3 +204,56 @@ def test_float32_and_float64_keep_their_dtypes():
             y = f(torch.ones(2, dtype=dt))
         assert y.dtype == dt
     _close(f(to_torch(np.ones(2))), np.sin(np.ones(2)))
+
+
+# -------------------------------------------------- first-order backward, directly
+
+def _mixed(p, x, *, w, scale):
+    """A pytree input, a complex input, an unused output, an integer output, a keyword
+    operand and a static keyword: what torch's first-order backward sees."""
+    y = scale * jnp.sin(p["a"]) * x.real + w
+    return {"y": y, "z": jnp.conj(x) * p["b"], "n": jnp.argmax(p["a"]), "unused": p["a"] ** 2}
+
+
+@pytest.mark.parametrize("used", [("y",), ("z",), ("y", "z", "unused")])
+def test_first_order_backward_is_jaxs_vjp(used):
+    p = {"a": randn(4), "b": randn(4, seed=1)}
+    x, w = randn(4, np.complex128, seed=2), randn(4, seed=3)
+    cts = {k: randn(4, np.complex128 if k == "z" else np.float64, seed=4 + i)
+           for i, k in enumerate(used)}
+    f = ab.to_torch(_mixed)
+    tp, tx = {k: _t(v, True) for k, v in p.items()}, _t(x, True)
+    out = f(tp, tx, w=_t(w), scale=2.0)
+    assert out["n"].dtype == torch.int64 and not out["n"].requires_grad
+    got = torch.autograd.grad([out[k] for k in used], [tp["a"], tp["b"], tx],
+                              [_t(cts[k]) for k in used], allow_unused=True)
+    # torch's gradients are the conjugates of JAX's transposed vjp of conj(ȳ)
+    full = {k: (np.conj(cts[k]) if k in cts else np.zeros(4, np.complex128 if k == "z"
+                                                            else np.float64))
+            for k in ("y", "z", "unused")}
+    full["n"] = np.zeros((), jax.dtypes.float0)
+    _, pullback = jax.vjp(lambda p, x: _mixed(p, x, w=w, scale=2.0), p, x)
+    gp, gx = pullback(full)
+    for g, want in zip(got, [gp["a"], gp["b"], gx]):
+        want = np.conj(np.asarray(want))
+        np.testing.assert_allclose(np.zeros_like(want) if g is None else g.numpy(), want,
+                                   rtol=1e-12, atol=1e-12)
+    # the same numbers with a graph kept for a second order (the general path)
+    out = f(tp, tx, w=_t(w), scale=2.0)
+    again = torch.autograd.grad([out[k] for k in used], [tp["a"], tp["b"], tx],
+                                [_t(cts[k]) for k in used], allow_unused=True,
+                                create_graph=True)
+    for g, h in zip(got, again):
+        assert (g is None) == (h is None)
+        if g is not None:
+            np.testing.assert_allclose(h.detach().numpy(), g.numpy(), rtol=1e-12, atol=0)
+
+
+def test_first_order_backward_in_bfloat16():
+    f = ab.to_torch(lambda x: jnp.sin(x) * 2)
+    x = torch.linspace(0, 1, 5, dtype=torch.bfloat16, requires_grad=True)
+    y = f(x)
+    (g,) = torch.autograd.grad(y, [x], torch.ones_like(y))
+    assert y.dtype == g.dtype == torch.bfloat16
+    np.testing.assert_allclose(g.float().numpy(), 2 * np.cos(x.detach().float().numpy()),
+                               rtol=1e-2)
