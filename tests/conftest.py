@@ -3,7 +3,8 @@
 The tests compile the same small programs again and again, in both xdist workers and
 in every run: JAX's persistent compilation cache, kept per checkout in
 ``.pytest_cache/jax`` (``ANYBIND_TEST_JAX_CACHE`` names another folder; empty turns it
-off), makes the fast loop about a tenth faster the first time and a third after.
+off; at most 512 MiB), makes the fast loop about a tenth faster the first time and a
+third after.
 
 The PyTorch front end's tests (test_torch*.py) and the bridges' (test_bridges*.py) need
 the ``torch`` extra; without it they are not collected (CI runs them in a step of their
@@ -22,6 +23,7 @@ _CACHE = os.environ.get("ANYBIND_TEST_JAX_CACHE",
 if _CACHE:
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_compilation_cache_max_size", 512 * 2**20)  # least recently used go
 
 collect_ignore_glob = [] if importlib.util.find_spec("torch") else ["test_torch*.py",
                                                                    "test_bridges*.py"]
