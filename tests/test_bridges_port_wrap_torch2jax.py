@@ -55,17 +55,19 @@ def test_torch2jax_with_vjp(dtype, jit):
     def expected_f_fn(x, y):
         return x ** 2 * y ** 2
 
-    def grads(f):
-        g = jax.grad(lambda x, y: jnp.sum(f(x, y)), argnums=(0, 1))
-        h = jax.grad(lambda x, y: jnp.sum(g(x, y)[0] + g(x, y)[1]), argnums=(0, 1))
-        return f, g, h
-
     x, y = _randn((5, 7), dtype, 1), _randn((5, 7), dtype, 2)
     wrap = jax.jit if jit else (lambda f: f)
-    for got, want in zip(grads(ab.from_torch(torch_fn)), grads(expected_f_fn)):
+    for got, want in zip(_grads(ab.from_torch(torch_fn)), _grads(expected_f_fn)):
         g, w = wrap(got)(x, y), want(x, y)
         assert isinstance(g, type(w))
         assert_close(g, w, **_tol(dtype))
+
+
+def _grads(f):
+    """f, its gradient in both arguments, and the gradient of that gradient's sum."""
+    g = jax.grad(lambda x, y: jnp.sum(f(x, y)), argnums=(0, 1))
+    h = jax.grad(lambda x, y: jnp.sum(g(x, y)[0] + g(x, y)[1]), argnums=(0, 1))
+    return f, g, h
 
 
 def _softmax_fn(a, b):
@@ -115,15 +117,10 @@ def test_torch2jax_with_vjp_vjp_fallback(dtype, jit):
     def expected_f_fn(x, y):
         return x ** 2 + y ** 2
 
-    def grads(f):
-        g = jax.grad(lambda x, y: jnp.sum(f(x, y)), argnums=(0, 1))
-        h = jax.grad(lambda x, y: jnp.sum(g(x, y)[0] + g(x, y)[1]), argnums=(0, 1))
-        return f, g, h
-
     x, y = _randn((5, 7), dtype, 7), _randn((5, 7), dtype, 8)
     wrap = jax.jit if jit else (lambda f: f)
     fn = ab.from_torch(lambda x, y: OldInterfaceFunction.apply(x, y))
-    for got, want in zip(grads(fn), grads(expected_f_fn)):
+    for got, want in zip(_grads(fn), _grads(expected_f_fn)):
         assert_close(wrap(got)(x, y), want(x, y), **_tol(dtype))
 
 
