@@ -24,15 +24,26 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+import numpy as np
+
 SUBMODULES = ("ducc0", "finufft", "scipy")
 __all__ = ["SUBMODULES", "require"]
 
 
 def reshaped(a, shape: tuple):
     """A view of the array ``a`` with another shape; raises rather than copy, so that
-    writes into it reach ``a`` (an output buffer an in-place function fills)."""
-    v = a.view()
-    v.shape = shape
+    writes into it reach ``a`` (an output buffer an in-place function fills).
+
+    >>> import numpy as np
+    >>> a = np.zeros((2, 3))
+    >>> reshaped(a, (3, 2))[0, 0] = 1.0
+    >>> float(a[0, 0])
+    1.0
+    """
+    v = a.reshape(shape)  # a view wherever the strides allow one (``.shape =`` is deprecated)
+    if v.size and not np.may_share_memory(v, a):
+        raise ValueError(f"an output of shape {a.shape} and strides {a.strides} cannot be "
+                         f"viewed as shape {shape} without a copy")
     return v
 
 
