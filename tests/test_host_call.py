@@ -493,3 +493,27 @@ def test_without_the_handler_host_code_takes_the_buffer_callback(monkeypatch):
     x = randn(3)
     assert _targets(jax.jit(op).lower(x)) == {BUFFER_CALLBACK}
     np.testing.assert_array_equal(jax.jit(op)(x), 2 * x)
+
+
+# ------------------------------------------------------------------- the mesh
+
+@pytest.mark.parametrize("mode", ["eager", "jit", "grad"])
+def test_host_code_sees_no_mesh_of_the_dispatching_thread(mode):
+    """As JAX's own callbacks from 0.12: host code, which may run on the thread that
+    dispatched the program, does not see that thread's ``jax.set_mesh`` (an Explicit mesh,
+    as ``jax.make_mesh`` makes it), so JAX code inside it is not placed on that mesh."""
+    seen = []
+
+    def f(x):
+        seen.append(jax.sharding.get_abstract_mesh().empty)
+        return np.sin(x)
+
+    op = ab.bind(f, shape=ab.like(0), name="meshless", vjp=lambda p, ct: (np.cos(p[0]) * ct,))
+    x = jnp.linspace(0.1, 1.0, 4)
+    run = {"eager": op, "jit": jax.jit(op), "grad": jax.grad(lambda v: op(v).sum())}[mode]
+    with jax.set_mesh(jax.make_mesh((1,), ("x",))):
+        got = run(x)
+    want = jnp.cos(x) if mode == "grad" else jnp.sin(x)
+    assert_close(got, want)
+    assert seen and all(seen), seen
+    assert jax.sharding.get_abstract_mesh().empty  # and the caller's context is back

@@ -14,7 +14,6 @@ it is used.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 
@@ -138,11 +137,10 @@ pvary = getattr(_core, "pvary", None)             # mark a value varying over ax
 
 
 def reductions_in_partitioned_body(mesh):
-    """The context of the psums in a custom_partitioning body: up to 0.9.0 they must see
-    the mesh's axes as Auto (under Explicit axes XLA rejected the reducer: "Unsupported
-    reduction computation"); from 0.9.1 none is needed."""
-    if VERSION >= (0, 9, 1):
-        return contextlib.nullcontext()
+    """The context of the psums in a custom_partitioning body: they must see the mesh's
+    axes as Auto. Under Explicit axes XLA rejects the reducer, whose ``add`` then carries
+    sharding annotations ("Unsupported reduction computation"): 0.8.0-0.9.0 and again from
+    0.11 (0.9.1-0.10 accepted it either way)."""
     from jax.sharding import AbstractMesh, AxisType
     names = tuple(mesh.axis_names)
     return jax.sharding.use_abstract_mesh(
@@ -169,6 +167,22 @@ def typed_aval(shape, dtype, sharding, axes) -> ShapedArray:
 
 
 # ------------------------------------------------------------------- runtime
+get_concrete_mesh = _mesh.get_concrete_mesh      # the mesh jax.set_mesh set, or empty (0.8)
+use_concrete_mesh = _sharding_impls._internal_use_concrete_mesh  # set it on this thread (0.8)
+
+
+def without_mesh(fn, *args):
+    """``fn(*args)`` with the calling thread's mesh cleared, as JAX's own callbacks run
+    Python from 0.12 (``jax._src.callback``): host code may run on the thread that
+    dispatched the program, whose ``jax.set_mesh`` is not the host code's. Free when no
+    mesh is set."""
+    if get_abstract_mesh().empty and get_concrete_mesh().empty:
+        return fn(*args)
+    with use_concrete_mesh(_mesh.empty_concrete_mesh), \
+            _mesh.use_abstract_mesh(_mesh.empty_abstract_mesh):
+        return fn(*args)
+
+
 def _collect_garbage():
     try:
         from jax._src.lib import _jax as _jaxlib

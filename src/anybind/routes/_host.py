@@ -313,7 +313,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
                     f"of host code on this thread, each called by the one before: host code "
                     f"that calls an op whose host code calls it again, with no base case "
                     f"(anybind.routes._host.MAX_NESTING is the limit)")
-            runner(_debug.inputs(ins) if copy else ins, outs)
+            _jax.without_mesh(runner, _debug.inputs(ins) if copy else ins, outs)
         except BaseException as e:  # KeyboardInterrupt too: re-raised itself by eager calls
             # Under jit only the message reaches the caller (XLA drops the cause, the
             # notes and the frames), so the message says where the user's code failed;

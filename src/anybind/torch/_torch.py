@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,6 +46,23 @@ def jvp_nesting() -> int:
 
 
 # -------------------------------------------------------------- forward AD
+def _load_jvp_decompositions() -> None:
+    """Load torch's forward-AD decompositions now, as its first forward-mode call would.
+
+    ``torch.autograd.forward_ad._maybe_load_decompositions`` (1.13) imports
+    ``torch._decomp.decompositions_for_jvp``, which compiles its decompositions with
+    ``torch.jit.script``, a function torch itself deprecates (a ``DeprecationWarning``
+    in 2.13, a ``FutureWarning`` from 2.14). That warning is about torch's own module,
+    which no user can change: it is silenced for this one import, here, and every
+    forward-mode call after it (the bridges', the user's) warns about nothing. 0.24 s,
+    once per process.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script(_method)?` is deprecated")
+        _forward_ad._maybe_load_decompositions()
+
+
+_load_jvp_decompositions()
 set_fwd_grad_enabled = _forward_ad._set_fwd_grad_enabled  # forward AD on in a jvp rule (2.0)
 unpack_dual_at = torch._VF._unpack_dual                   # a dual's primal at a given level (1.8)
 
