@@ -13,6 +13,8 @@ section            what it reports
                    not, the builds it holds)
 ``jax window``     the releases of jax, jaxlib and NumPy the metadata requires,
                    and whether those installed satisfy them
+``tested``         the oldest and newest Python, jax, NumPy and torch CI tests
+                   (``anybind._window``), and where the installed ones fall
 =================  ==============================================================
 
 Nothing here builds or writes anything: a missing handler is reported, not made.
@@ -223,8 +225,28 @@ def gather() -> dict:
                    "gpu": gpu()},
         "shim_cache": shim_cache(),
         "jax_window": window,
+        "tested": tested(),
         "installed_from": str(Path(anybind.__file__).resolve().parent),
     }
+
+
+def tested() -> dict:
+    """{name: (oldest, newest, installed, where)} for the window CI tests.
+
+    >>> tested()["python"][:2]
+    ('3.11', '3.13')
+    """
+    from .._window import TESTED
+    out = {}
+    for name, (lo, hi) in TESTED.items():
+        have = platform.python_version() if name == "python" else _version(name)
+        minor = _release(have)[:2] if have else ()  # patch releases of the ends count
+        where = ("not installed" if have is None
+                 else "older than tested" if minor < _release(lo)[:2]
+                 else "newer than tested" if minor > _release(hi)[:2]
+                 else "tested window")
+        out[name] = (lo, hi, have, where)
+    return out
 
 
 def render(info: dict) -> str:
@@ -261,6 +283,9 @@ def render(info: dict) -> str:
     for w in info["jax_window"]:
         lines.append(f"  {w['requirement']:<22}installed {w['installed'] or 'none'}: "
                      + ("ok" if w["ok"] else "OUTSIDE THE WINDOW"))
+    lines += ["", "tested by CI (oldest – newest)"]
+    for name, (lo, hi, have, where) in info["tested"].items():
+        lines.append(f"  {name:<22}{lo} – {hi}; installed {have or 'none'}: {where}")
     return "\n".join(lines)
 
 

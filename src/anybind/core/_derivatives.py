@@ -66,7 +66,7 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
     params = _params(role, call, batch, lin, need)
     saved, kept = [], False  # kept: the fwd rule ran, its residuals (maybe none) saved
     if role == "primal" and uses_residuals(call) and (
-            linearizing or not _jax.use_direct_linearize.value):  # f and residuals at once
+            linearizing or not _jax.direct_linearize()):  # f and residuals at once
         outs = fam["fwd"].bind(*primals, call=call, batch=batch)
         outs, saved, kept = outs[:len(call.out_avals)], outs[len(call.out_avals):], True
     else:

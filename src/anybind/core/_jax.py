@@ -111,7 +111,15 @@ def bool_state(**kwargs):
 enable_x64 = _config.enable_x64                   # declared dtypes follow it (0.4)
 disable_jit = _config.disable_jit                 # an eager call runs compiled (0.4)
 eager_constant_folding = _config.eager_constant_folding  # off in eager programs (0.6)
-use_direct_linearize = _config.use_direct_linearize  # linearize vs jvp+partial eval (0.5)
+_direct_linearize = getattr(_config, "use_direct_linearize", None)  # 0.5; marked for removal
+
+
+def direct_linearize() -> bool:
+    """Whether reverse mode linearizes primitives directly (``jax_use_direct_linearize``,
+    its default) rather than by a JVP then partial evaluation; once JAX removes
+    the flag, it always does."""
+    return True if _direct_linearize is None else bool(_direct_linearize.value)
+
 check_vma = _config._check_vma                    # shard_map varying-axes checking (0.7)
 weakref_cache_key_types = _util.weakref_cache_key_types  # Call in JAX's weakref caches (0.4)
 register_traceback_exclusion = _traceback_util.register_exclusion  # hide library frames (0.4)

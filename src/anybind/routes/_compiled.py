@@ -524,3 +524,35 @@ class Route:
                      rule=site.rule, batch=site.batch, lin=site.lin, need=site.need,
                      mode="expand_dims" if site.by_vmap_rule else call.op.vmap,
                      has_side_effect=site.effect)
+
+
+# Which JAX reads which exported program (measured: the export-window tests).
+EXPORT_WINDOW = ("jax reads the programs of its own compatibility window only: jax 0.11.1 and "
+                 "later refuse programs written by jax 0.8.0 and 0.8.1, and jax 0.8.x cannot "
+                 "read those written by jax 0.12 (serialization version 12)")
+
+
+def deserialize(data: bytes | bytearray):
+    """``jax.export.deserialize(data)``, saying which anybind ops a refused program calls.
+
+    JAX alone decides whether it can read a program written by another release;
+    where it refuses, the error names the compiled anybind ops of this process
+    that the program calls, the JAX release reading it, and the window.
+
+    >>> import jax, jax.numpy as jnp, anybind as ab
+    >>> exported = jax.export.export(jax.jit(jnp.sin))(jnp.ones(3))
+    >>> ab.deserialize(exported.serialize()).in_avals[0].shape
+    (3,)
+    """
+    import jax.export
+    try:
+        return jax.export.deserialize(bytearray(data))
+    except (ValueError, NotImplementedError) as e:
+        blob = bytes(data)
+        with _lock:
+            names = sorted(n for n in _names if n.encode() in blob)
+        calls = (f"calls the anybind ops {names}" if names else
+                 "calls no compiled anybind op bound in this process")
+        raise ValueError(f"anybind: jax {jax.__version__} cannot read this exported program, "
+                         f"which {calls}: {e} ({EXPORT_WINDOW}). Export it again with the jax "
+                         f"release that is to read it") from e
