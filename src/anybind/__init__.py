@@ -25,10 +25,16 @@ from .core._errors import HostError, MissingRuleError
 from .core._jax import register_traceback_exclusion as _register_traceback_exclusion
 from .core._spec import like
 from .recipes import fixed_point, reversible_loop, root
-from .routes._compiled import C_SIGNATURE, ctypes_signature, dtype_code, numba_signature
+from .routes._compiled import (
+    C_SIGNATURE,
+    GPU_SIGNATURE,
+    ctypes_signature,
+    dtype_code,
+    numba_signature,
+)
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
-           "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
+           "C_SIGNATURE", "GPU_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
            "reversible_loop", "root", "fixed_point", "debug", "from_torch", "to_torch"]
 __version__ = "0.1.0"
 
