@@ -5,7 +5,8 @@
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh
 #
-# Writes env.txt, build.log, tests.log, gpu_compiled.json and bench.log under $OUT.
+# Writes env.txt, build.log, tests.log, docs.log, gpu_compiled.json and bench.log under
+# $OUT. ONLY=checks,python,... picks the benchmark's sections.
 set -u
 OUT=${OUT:-$(mktemp -d)}
 PY=${PY:-python3}
@@ -31,6 +32,9 @@ $PY setup.py -q build_ext --inplace > "$OUT/build.log" 2>&1; echo "build: $?"
 timeout 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_compiled.py \
   tests/test_gpu.py -W "ignore::FutureWarning" > "$OUT/tests.log" 2>&1
 echo "tests: $?"; tail -15 "$OUT/tests.log"
+timeout 120 $PY tests/test_docs.py docs/guides/gpu.md > "$OUT/docs.log" 2>&1
+echo "docs (gpu.md): $?"; tail -5 "$OUT/docs.log"
 cd benchmarks && timeout 300 $PY gpu_compiled.py --json "$OUT/gpu_compiled.json" \
-  --repeats "${REPEATS:-30}" > "$OUT/bench.log" 2>&1
+  --repeats "${REPEATS:-30}" --only "${ONLY:-checks,dispatch,in-program,python,bridges}" \
+  > "$OUT/bench.log" 2>&1
 echo "bench: $?"; cat "$OUT/bench.log" | tail -120

@@ -211,6 +211,11 @@ def python_device_op(cp, gpu, repeats: int) -> dict:
         lambda: _enter_exit(orig_stream(cp, s)))
     med["alone: cupy.asarray(cupy array)"] = _loop(lambda: cp.asarray(a))
     med["alone: kernel launch"] = _loop(lambda: kernel(a, a))
+    o = cp.empty(1, cp.float32)
+    med["alone: kernel launch, new result"] = _loop(lambda: kernel(a))
+    med["alone: out[...] = r"] = _loop(lambda: o.__setitem__(Ellipsis, a))
+    med["alone: cupy.copyto(out, r)"] = _loop(lambda: cp.copyto(o, a))
+    med["alone: memcpy async"] = _loop(lambda: o.data.copy_from_device_async(a.data, a.nbytes))
     return med
 
 
@@ -327,6 +332,32 @@ def bridges(torch, gpu, repeats: int) -> dict:
     res["piece: torch.from_dlpack(jax.Array)"] = _loop(lambda: torch.from_dlpack(ja), 500)
     res["piece: jax jit dispatch (no wait)"] = _loop(lambda: jcube(xj), 500)
     res["piece: torch x*x*x (no wait)"] = _loop(lambda: x * x * x, 500)
+    # jax.dlpack.from_dlpack's own pieces
+    from jax._src import xla_bridge
+    from jax._src.lib import _jax
+    pieces = {
+        "stream for external ready events": lambda: gpu.get_stream_for_external_ready_events(),
+        "get_backend + device_from_local_hardware_id": lambda: xla_bridge.get_backend(
+            "cuda").device_from_local_hardware_id(0),
+        "torch __dlpack__(stream=XLA's)": lambda: x.__dlpack__(
+            stream=gpu.get_stream_for_external_ready_events(), max_version=(1, 0)),
+        "torch __dlpack__(stream=XLA's) + dlpack_managed_tensor_to_buffer":
+            lambda: _jax.dlpack_managed_tensor_to_buffer(x.__dlpack__(
+                stream=gpu.get_stream_for_external_ready_events(), max_version=(1, 0)),
+                gpu, gpu.get_stream_for_external_ready_events(), None, 2),
+        "torch __dlpack__() + dlpack_managed_tensor_to_buffer (no stream)":
+            lambda: _jax.dlpack_managed_tensor_to_buffer(x.__dlpack__(max_version=(1, 0)),
+                                                         gpu, None, None, 2),
+        "torch.utils.dlpack.to_dlpack": lambda: torch.utils.dlpack.to_dlpack(x),
+        "torch.cuda.ExternalStream(XLA's) enter+exit": lambda: _enter_exit(
+            torch.cuda.stream(torch.cuda.ExternalStream(
+                gpu.get_stream_for_external_ready_events()))),
+    }
+    for name, f in pieces.items():
+        try:
+            res[f"piece: {name}"] = _loop(f, 500)
+        except Exception as e:  # noqa: BLE001  (a private entry point of another version)
+            res[f"piece: {name}"] = f"failed: {type(e).__name__}: {e}"[:200]
     return res
 
 

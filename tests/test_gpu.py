@@ -425,6 +425,28 @@ def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
 
 @gpu
 @pytest.mark.gpu
+def test_gpu_from_torch_writes_into_a_private_copy():
+    """torch code that writes into its input, in a GPU program: it writes into a copy
+    (XLA's buffer keeps its values), and only that input is copied."""
+    pytest.importorskip("torch")
+    seen = []
+
+    def scale_(x, y):
+        seen.append(y.data_ptr())
+        x.mul_(2)
+        return x + y
+
+    op = ab.from_torch(scale_, shape=ab.like(0), name="g_from_torch_writes")
+    gpu_dev = jax.devices("gpu")[0]
+    x = jax.device_put(np.arange(4.0), gpu_dev)
+    y = jax.device_put(np.ones(4), gpu_dev)
+    assert_close(jax.jit(op)(x, y), 2 * np.arange(4.0) + 1, **TOL)
+    assert_close(x, np.arange(4.0), **TOL)
+    assert seen[-1] == y.unsafe_buffer_pointer()  # y is not written: no copy
+
+
+@gpu
+@pytest.mark.gpu
 def test_gpu_to_torch_on_cuda_tensors():
     """ab.to_torch with CUDA tensors: results on the same device, backward, torch.func."""
     torch = pytest.importorskip("torch")
