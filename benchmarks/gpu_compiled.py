@@ -361,6 +361,35 @@ def bridges(torch, gpu, repeats: int) -> dict:
     return res
 
 
+def profile_bridges(torch, gpu, calls: int = 2000) -> dict:
+    """Where ``ab.to_torch``'s host time goes on CUDA tensors: cProfile of ``calls``
+    forward calls (and of ``ab.from_torch`` jitted), the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+    x = torch.linspace(-1.0, 1.0, 1, dtype=torch.float32, device="cuda")
+    to_torch = ab.to_torch(lambda x: x * x * x, name="bench_profile_to_torch")
+    from_torch = jax.jit(ab.from_torch(lambda x: x * x * x, name="bench_profile_from_torch"))
+    xj = jax.device_put(jnp.ones(1, jnp.float32), gpu)
+    res = {}
+    for name, f in (("ab.to_torch", lambda: to_torch(x)),
+                    ("ab.from_torch (jit)", lambda: from_torch(xj))):
+        for _ in range(200):
+            f()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            f()
+        prof.disable()
+        torch.cuda.synchronize()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(22)
+        res[name] = out.getvalue()
+        print(f"profile of {name}, {calls} calls:\n{res[name]}", flush=True)
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
@@ -430,6 +459,8 @@ def main() -> None:
     if "bridges" in only and torch is not None and torch.cuda.is_available() and section(
             "bridges", bridges, torch, gpu, args.repeats):
         print("bridges:", json.dumps(sections["bridges"], indent=1), flush=True)
+    if "profile" in only and torch is not None and torch.cuda.is_available():
+        section("profile", profile_bridges, torch, gpu)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
