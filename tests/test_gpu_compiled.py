@@ -161,6 +161,19 @@ def test_compiled_device_code_lowers_to_the_shim_for_cuda():
     assert "anybind_debug" not in text
 
 
+def test_compiled_device_code_exports_for_cuda_by_its_stable_name():
+    """jax.export for CUDA: the shim's target, called by the op's stable name with the
+    fingerprint a process checks before running it (as compiled host code)."""
+    op, keep = _cube_op("gc_export")
+    exp = jax.export.export(jax.jit(op), platforms=["cuda"])(
+        jax.ShapeDtypeStruct((5,), np.float32))
+    calls = [line for line in exp.mlir_module().splitlines() if "custom_call" in line]
+    assert len(calls) == 1 and "@anybind_compiled(" in calls[0]
+    assert "anybind_fingerprint" in calls[0] and 'anybind_name = "gc_export"' in calls[0]
+    assert f"anybind_key = {_compiled.key_of('gc_export')} " in calls[0]
+    assert jax.export.deserialize(exp.serialize()).platforms == ("cuda",)
+
+
 def test_compiled_device_code_runs_its_host_fallback_on_the_cpu():
     op, keep = _cube_op("gc_fallback")
     x = randn(6, seed=4)
