@@ -131,6 +131,48 @@ def test_compiled_device_code_failure_names_the_op(simulated):
         jax.block_until_ready(jax.jit(op)(np.ones(3, np.int32)))
 
 
+def test_numba_and_cffi_launchers(simulated):
+    """A Numba cfunc of ab.numba_signature(device=True) and a cffi function pointer of
+    GPU_SIGNATURE are launchers too: called with the stream (none here) and buffers."""
+    import cffi
+    import numba
+
+    @numba.cfunc(ab.numba_signature(device=True))
+    def twice(stream, ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+        n = 1
+        for d in range(ranks[0]):
+            n *= shapes[0][d]
+        x = numba.carray(ins[0], n, np.float64)
+        y = numba.carray(outs[0], n, np.float64)
+        y[:] = 2 * x
+        return 0
+
+    ffi = cffi.FFI()
+    calls = []
+
+    @ffi.callback("int32_t(void *, void *const *, void *const *, const int64_t *const *, "
+                  "const int64_t *, const int32_t *, int64_t, int64_t, char *, int64_t)")
+    def thrice(stream, ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+        calls.append(stream)
+        n = int(np.prod([shapes[0][d] for d in range(ranks[0])]))
+        x = np.frombuffer(ffi.buffer(ins[0], 8 * n), np.float64)
+        np.frombuffer(ffi.buffer(outs[0], 8 * n), np.float64)[:] = 3 * x
+        return 0
+
+    x = randn(5, seed=7)
+    for fn, k, name in ((twice, 2, "gc_numba"), (thrice, 3, "gc_cffi")):
+        op = ab.bind(fn, shape=ab.like(0), device=True, host=lambda x, k=k: k * x, name=name)
+        assert_close(jax.jit(op)(x), k * x)
+    assert calls == [ffi.NULL]
+    with pytest.raises(TypeError, match="gc_numba_host.*device code.*got 9 parameters"):
+        ab.bind(numba.cfunc(ab.numba_signature())(_nine_params), shape=ab.like(0),
+                device=True, name="gc_numba_host")
+
+
+def _nine_params(ins, outs, shapes, ranks, dtypes, n_in, n_out, err, err_size):
+    return 0
+
+
 def test_a_host_binding_is_never_called_by_the_gpu_handler(simulated):
     """The shim refuses a host function called as device code (and so the reverse)."""
     host = HOST(lambda *a: 0)

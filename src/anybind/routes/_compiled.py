@@ -123,8 +123,9 @@ def dtype_code(dtype: Any) -> int:
     return _DTYPE_CODES[name]
 
 
-def numba_signature() -> Any:
-    """The Numba signature of anybind's C calling convention, for ``numba.cfunc``.
+def numba_signature(device: bool = False) -> Any:
+    """The Numba signature of anybind's C calling convention, for ``numba.cfunc``; with
+    ``device=True``, of device code's (``GPU_SIGNATURE``: the stream first).
 
     >>> import anybind as ab, numba, numpy as np
     >>> @numba.cfunc(ab.numba_signature())
@@ -144,8 +145,9 @@ def numba_signature() -> Any:
     """
     from numba import types
     p, i64 = types.CPointer, types.int64
-    return types.int32(p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64), p(types.int32),
-                       i64, i64, p(types.uint8), i64)
+    stream = (types.voidptr,) if device else ()
+    return types.int32(*stream, p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64),
+                       p(types.int32), i64, i64, p(types.uint8), i64)
 
 
 def ctypes_signature(device: bool = False) -> tuple:
