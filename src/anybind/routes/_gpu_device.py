@@ -6,20 +6,22 @@ no Python in the call: the compiled route's custom call, which the shim's CUDA
 handler (``_shim.c``) serves by calling the launcher with XLA's stream and
 device buffers.
 
-For Python device code, XLA's GPU buffer callback (``xla_buffer_python_gpu_callback``) gives the
-runner CuPy views of XLA's device buffers, and it runs with CuPy's current
-stream set to XLA's stream: nothing reaches the host and nothing synchronises
-the device. Device code is declared at bind time (``device=True`` on
-``ab.bind`` and every ``def_*``), the platform is the lowering's: in a program
-compiled for the CPU a device function's host fallback (``host=``) runs by the
-routes of host code, and without one the lowering raises. Batching, checks of
-results and in-place functions work as on the CPU, on CuPy arrays.
+For Python device code, XLA's GPU buffer callback
+(``xla_buffer_python_gpu_callback``) gives the runner CuPy views of XLA's
+device buffers, and it runs with CuPy's current stream set to XLA's stream:
+nothing reaches the host and nothing synchronises the device. Device code is
+declared at bind time (``device=True`` on ``ab.bind`` and every ``def_*``), the
+platform is the lowering's: in a program compiled for the CPU a device
+function's host fallback (``host=``) runs by the routes of host code, and
+without one the lowering raises. Batching, checks of results and in-place
+functions work as on the CPU, on CuPy arrays.
 
 ===================  ==============================================================
 piece                what it does
 ===================  ==============================================================
 ``claims``           device code, on every platform
-``lower``            on a GPU: the device callback; elsewhere: the host fallback,
+``lower``            on a GPU: the compiled route's custom call (a launcher), or
+                     the device callback (Python); elsewhere: the host fallback,
                      handed back to the other routes
 ``check_declaration``  ``device=``/``host=`` of ``ab.bind`` or a ``def_*``, at once
 ===================  ==============================================================
