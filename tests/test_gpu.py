@@ -396,9 +396,13 @@ def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
     buffers on XLA's stream; values and jit(grad), vmap, hessian against JAX's own."""
     torch = pytest.importorskip("torch")
     import cupy as cp
+
+    from anybind.torch import _torch
     seen = []
 
     def cube(x):
+        if _torch.is_fake(x):  # the bridge finding writes (on fake tensors), not a call
+            return torch.sin(x) ** 3
         try:
             ptr = x.data_ptr()
         except RuntimeError:  # torch.func's wrapped tensors have no storage of their own
@@ -421,6 +425,30 @@ def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
     assert_close(jax.jit(jax.hessian(lambda x: op(x).sum()))(x[:4]),
                  jax.hessian(lambda x: f(x).sum())(x[:4]), **TOL)
     assert {s[0] for s in seen} == {"cuda"}, "torch code got a tensor off the GPU"
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_from_torch_writes_into_a_private_copy():
+    """torch code that writes into its input, in a GPU program: it writes into a copy
+    (XLA's buffer keeps its values), and only that input is copied."""
+    pytest.importorskip("torch")
+    from anybind.torch import _torch
+    seen = []
+
+    def scale_(x, y):
+        if not _torch.is_fake(y):  # (the bridge finds writes on fake tensors)
+            seen.append(y.data_ptr())
+        x.mul_(2)
+        return x + y
+
+    op = ab.from_torch(scale_, shape=ab.like(0), name="g_from_torch_writes")
+    gpu_dev = jax.devices("gpu")[0]
+    x = jax.device_put(np.arange(4.0), gpu_dev)
+    y = jax.device_put(np.ones(4), gpu_dev)
+    assert_close(jax.jit(op)(x, y), 2 * np.arange(4.0) + 1, **TOL)
+    assert_close(x, np.arange(4.0), **TOL)
+    assert seen[-1] == y.unsafe_buffer_pointer()  # y is not written: no copy
 
 
 @gpu

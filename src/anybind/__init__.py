@@ -27,6 +27,7 @@ from .core._spec import like
 from .recipes import fixed_point, reversible_loop, root
 from .routes._compiled import (
     C_SIGNATURE,
+    GPU_SIGNATURE,
     ctypes_signature,
     deserialize,
     dtype_code,
@@ -34,7 +35,7 @@ from .routes._compiled import (
 )
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
-           "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
+           "C_SIGNATURE", "GPU_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
            "reversible_loop", "root", "fixed_point", "debug", "deserialize", "from_torch",
            "to_torch"]
 __version__ = "0.1.0"

@@ -6,9 +6,11 @@ first route below that claims it (``claims(site)``), in this order:
 ================  ===================  ===============================================
 route             module               runs
 ================  ===================  ===============================================
-``gpu-device``    ``_gpu_device``      device code (``device=True``) on CuPy views of
-                                       XLA's device buffers and stream; its host
-                                       fallback by the routes below elsewhere
+``gpu-device``    ``_gpu_device``      device code (``device=True``): a compiled
+                                       launcher through the shim's CUDA handler, or
+                                       Python on CuPy views of XLA's device buffers
+                                       and stream; its host fallback by the routes
+                                       below elsewhere
 ``shard``         ``_shard``           host or compiled code per shard of a program
                                        partitioned over several devices (``shard=``)
 ``compiled``      ``_compiled``        a C function pointer through the FFI shim

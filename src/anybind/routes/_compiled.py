@@ -88,8 +88,21 @@ their shapes, ranks and dtype codes (``ab.dtype_code``), and room for an error
 message; it returns 0 on success.
 """
 
+GPU_SIGNATURE = (
+    "int32_t (*)(void *stream, void *const *ins, void *const *outs, "
+    "const int64_t *const *shapes, const int64_t *ranks, const int32_t *dtypes, "
+    "int64_t n_in, int64_t n_out, char *err, int64_t err_size)")
+"""anybind's C calling convention for device code (``ab.bind(launch, device=True)``).
+
+The same as ``C_SIGNATURE`` after XLA's CUDA stream (a ``cudaStream_t``): a
+launcher, compiled ahead of time, that queues its kernels on that stream on
+XLA's device buffers (``ins``, ``outs``) and returns 0 without synchronising.
+Shapes, ranks and dtypes are host memory.
+"""
+
 # pointer (p) or 64-bit integer (q) parameters, in order; the result is a 32-bit integer
 _PARAMS = "ppppp" "qq" "pq"
+_GPU_PARAMS = "p" + _PARAMS
 
 _DTYPE_CODES = _dtypes.COMPILED
 
@@ -110,8 +123,9 @@ def dtype_code(dtype: Any) -> int:
     return _DTYPE_CODES[name]
 
 
-def numba_signature() -> Any:
-    """The Numba signature of anybind's C calling convention, for ``numba.cfunc``.
+def numba_signature(device: bool = False) -> Any:
+    """The Numba signature of anybind's C calling convention, for ``numba.cfunc``; with
+    ``device=True``, of device code's (``GPU_SIGNATURE``: the stream first).
 
     >>> import anybind as ab, numba, numpy as np
     >>> @numba.cfunc(ab.numba_signature())
@@ -131,12 +145,14 @@ def numba_signature() -> Any:
     """
     from numba import types
     p, i64 = types.CPointer, types.int64
-    return types.int32(p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64), p(types.int32),
-                       i64, i64, p(types.uint8), i64)
+    stream = (types.voidptr,) if device else ()
+    return types.int32(*stream, p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64),
+                       p(types.int32), i64, i64, p(types.uint8), i64)
 
 
-def ctypes_signature() -> tuple:
-    """``(restype, argtypes)`` of anybind's C calling convention, for a ctypes function.
+def ctypes_signature(device: bool = False) -> tuple:
+    """``(restype, argtypes)`` of anybind's C calling convention, for a ctypes function;
+    with ``device=True``, of device code's (``GPU_SIGNATURE``: the stream first).
 
     >>> import anybind as ab, ctypes
     >>> restype, argtypes = ab.ctypes_signature()
@@ -148,8 +164,10 @@ def ctypes_signature() -> tuple:
     """
     c = ctypes
     p64 = c.POINTER(c.c_int64)
-    return c.c_int32, [c.POINTER(c.c_void_p), c.POINTER(c.c_void_p), c.POINTER(p64), p64,
-                       c.POINTER(c.c_int32), c.c_int64, c.c_int64, c.c_char_p, c.c_int64]
+    stream = [c.c_void_p] if device else []
+    return c.c_int32, stream + [c.POINTER(c.c_void_p), c.POINTER(c.c_void_p), c.POINTER(p64),
+                                p64, c.POINTER(c.c_int32), c.c_int64, c.c_int64, c.c_char_p,
+                                c.c_int64]
 
 
 # ------------------------------------------------------------------ recognising
@@ -228,6 +246,7 @@ class _Name:
     ops: weakref.WeakSet  # the live ops bound under it, all with this function
     locals: dict  # address -> the key of (name, that function): key_of("name#i")
     fingerprint: int = 0  # what a program exported with it carries (``fingerprint``)
+    gpu: bool = False  # device code: a launcher the shim's CUDA handler gives the stream
 
 
 _names: dict[str, _Name] = {}
@@ -265,8 +284,11 @@ def fingerprint(op, kind: str, fn) -> int:
     return key_of(repr((_base(op.name, kind), own, getattr(op, "export_version", None))))
 
 
-def adopt(op, kind: str, fn, traced: bool) -> None:
+def adopt(op, kind: str, fn, traced: bool, device: bool = False) -> None:
     """Register ``fn`` if it is compiled code: called when an op is bound or a rule set.
+
+    With ``device`` it is device code: a launcher of ``GPU_SIGNATURE``, which
+    the shim's CUDA handler calls with XLA's stream.
 
     The stable name is the op's name for its function and ``name.<rule>`` for
     a rule, so that a program exported in one process calls the same
@@ -282,13 +304,21 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
         raise TypeError(f"anybind op '{op.name}': the {role} is compiled code ({what}), which "
                         f"cannot be traced; leave traced=False")
     classes = _param_classes(fn, what)
-    if isinstance(classes, str) or classes != (_PARAMS, "i"):
-        got = classes if isinstance(classes, str) else _describe(classes)
+    want = _GPU_PARAMS if device else _PARAMS
+    if isinstance(classes, str) or classes != (want, "i"):
+        got = classes if isinstance(classes, str) else _describe(classes, want)
+        if device:
+            raise TypeError(
+                f"anybind op '{op.name}': the {role} is device code (device=True) and a "
+                f"{what} function, but not of anybind's calling convention for device code "
+                f"{GPU_SIGNATURE}: {got}. See ab.ctypes_signature(device=True) and "
+                f"ab.GPU_SIGNATURE")
         raise TypeError(
             f"anybind op '{op.name}': the {role} is a {what} function, but not of anybind's "
             f"C calling convention {C_SIGNATURE}: {got}. See ab.numba_signature(), "
             f"ab.ctypes_signature() and ab.C_SIGNATURE")
-    lib = _shimlib.register_target()  # now, so that a deserialised program finds it
+    # now, so that a deserialised program finds it
+    lib = _shimlib.register_gpu() if device else _shimlib.register_target()
     _validating(lib)
     address = _address(fn, what)
     name = _base(op.name, kind)
@@ -296,7 +326,8 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
     fp = fingerprint(op, kind, fn)
     with _lock:
         entry = _names.get(name)
-        if entry is not None and (entry.address != address or entry.fingerprint != fp):
+        if entry is not None and (entry.address != address or entry.fingerprint != fp
+                                  or entry.gpu != device):
             holders = [o for o in entry.ops if o is not op]
             if holders:
                 raise ValueError(
@@ -304,21 +335,24 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
                     f"which another live op ({holders[0]!r}) binds to a different function. "
                     f"A program for jax.export calls its functions by name, so a name means "
                     f"one function: give this op another name= (or drop the other op first)")
-        if entry is None or entry.address != address or entry.fingerprint != fp:
-            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp)
+        if (entry is None or entry.address != address or entry.fingerprint != fp
+                or entry.gpu != device):
+            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp, gpu=device)
             locals_ = {} if entry is None else entry.locals
-            entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_, fp)
+            entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_, fp,
+                                         device)
             _by_key[key_of(name)] = entry
         if address not in entry.locals:  # "#" is in no name: no stable key is one of these
             entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
-            _bind(lib, local, address, name, text, validate=False)
+            _bind(lib, local, address, name, text, validate=False, gpu=device)
         entry.ops.add(op)
         _keep.setdefault(address, fn)
 
 
 def _bind(lib, key: int, address: int, name: str, text: str, validate: bool,
-          fp: int = 0) -> None:
-    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate), fp)
+          fp: int = 0, gpu: bool = False) -> None:
+    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate), fp,
+                              int(gpu))
     if status != 0:
         raise MemoryError(f"{text}: the FFI shim could not bind it (status {status})")
 
@@ -334,12 +368,12 @@ def _allow(key: int, rows: int, ins, outs) -> None:
         raise RuntimeError(f"anybind: the FFI shim could not record a call (status {status})")
 
 
-def _describe(classes) -> str:
+def _describe(classes, want: str = _PARAMS) -> str:
     params, result = classes
     word = {"p": "pointer", "q": "int64", "i": "int32", "?": "other"}
     return (f"got {len(params)} parameters ({', '.join(word[c] for c in params)}) returning "
-            f"{word[result]}; expected 9 parameters "
-            f"({', '.join(word[c] for c in _PARAMS)}) returning int32")
+            f"{word[result]}; expected {len(want)} parameters "
+            f"({', '.join(word[c] for c in want)}) returning int32")
 
 
 def link(op, kind: str, fn, for_export: bool) -> tuple[str, int]:
@@ -415,10 +449,13 @@ def _check(key, tree, rows, n_in, n_out, dtypes, ranks, shapes) -> str | None:
 # ------------------------------------------------------------------------ lowering
 
 def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: str,
-          has_side_effect: bool):
-    """One role as one custom call to the shim; see the table above."""
+          has_side_effect: bool, gpu: bool = False):
+    """One role as one custom call to the shim; see the table above. ``gpu``: device
+    code in a program for a GPU (the caller checked the platform), run by the shim's
+    CUDA handler."""
     op = call.op
-    cpu_only(ctx, call, "compiled code")
+    if not gpu:
+        cpu_only(ctx, call, "compiled code")
     if role == "transpose" and getattr(op, "multilinear", False):
         raise TypeError(f"anybind op '{op.name}' is multilinear: its transposes take "
                         f"operands of their own, which compiled code does not get yet; give "
@@ -436,7 +473,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
             f"anybind op '{op.name}': a compiled {_RULE_NAMES[kind]} takes arrays only, but "
             f"the call has static keyword(s) {', '.join(k for k, _ in call.static)}; pass "
             f"them as array keyword operands")
-    _shimlib.register_target()
+    _shimlib.register_gpu() if gpu else _shimlib.register_target()
     if batch is not None and batch.size == 0:  # an empty batch: nothing to call
         return [_jax.full_like_aval(ctx, 0, a) for a in ctx.avals_out]
     zero_lead = () if batch is None else (1,)
@@ -482,7 +519,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     # a batch of symbolic size (jax.export): -1, the shim reads it off the outputs
     attrs = dict(anybind_key=np.int64(key), anybind_name=name,
                  anybind_rows=np.int64(-1 if _jax.is_symbolic_dim(rows) else rows))
-    if call.debug:  # outputs filled with a sentinel first, and checked after
+    if call.debug and not gpu:  # outputs filled with a sentinel first, and checked after
         attrs["anybind_debug"] = np.int64(1)
     if for_export:  # how operands group into arguments: a process that never lowered
         tree = _signatures.tree_text(call.args_tree, call.kw_tree)  # this call checks it
@@ -515,15 +552,15 @@ class Route:
         return is_compiled(site.rule.fn)
 
     def adopt(self, op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
-        adopt(op, kind, fn, traced)
+        adopt(op, kind, fn, traced, device)
 
-    def lower(self, site: Site, *args):
+    def lower(self, site: Site, *args, gpu: bool = False):
         call = site.call
         return lower(site.ctx, *args, role=site.role,
                      kind=kind_of_role(site.role, call, site.by_vmap_rule), call=call,
                      rule=site.rule, batch=site.batch, lin=site.lin, need=site.need,
                      mode="expand_dims" if site.by_vmap_rule else call.op.vmap,
-                     has_side_effect=site.effect)
+                     has_side_effect=site.effect, gpu=gpu)
 
 
 # Which JAX reads which exported program (measured: the export-window tests).

@@ -1,19 +1,27 @@
 """The GPU device route: device code (``device=True``) on XLA's device buffers.
 
-XLA's GPU buffer callback (``xla_buffer_python_gpu_callback``) gives the
-runner CuPy views of XLA's device buffers, and it runs with CuPy's current
-stream set to XLA's stream: nothing reaches the host and nothing synchronises
-the device. Device code is declared at bind time (``device=True`` on
-``ab.bind`` and every ``def_*``), the platform is the lowering's: in a program
-compiled for the CPU a device function's host fallback (``host=``) runs by the
-routes of host code, and without one the lowering raises. Batching, checks of
-results and in-place functions work as on the CPU, on CuPy arrays.
+Compiled device code (a launcher of ``ab.GPU_SIGNATURE``, compiled ahead of
+time: a ctypes function of a library nvcc built, or a cffi pointer) runs with
+no Python in the call: the compiled route's custom call, which the shim's CUDA
+handler (``_shim.c``) serves by calling the launcher with XLA's stream and
+device buffers.
+
+For Python device code, XLA's GPU buffer callback
+(``xla_buffer_python_gpu_callback``) gives the runner CuPy views of XLA's
+device buffers, and it runs with CuPy's current stream set to XLA's stream:
+nothing reaches the host and nothing synchronises the device. Device code is
+declared at bind time (``device=True`` on ``ab.bind`` and every ``def_*``), the
+platform is the lowering's: in a program compiled for the CPU a device
+function's host fallback (``host=``) runs by the routes of host code, and
+without one the lowering raises. Batching, checks of results and in-place
+functions work as on the CPU, on CuPy arrays.
 
 ===================  ==============================================================
 piece                what it does
 ===================  ==============================================================
 ``claims``           device code, on every platform
-``lower``            on a GPU: the device callback; elsewhere: the host fallback,
+``lower``            on a GPU: the compiled route's custom call (a launcher), or
+                     the device callback (Python); elsewhere: the host fallback,
                      handed back to the other routes
 ``check_declaration``  ``device=``/``host=`` of ``ab.bind`` or a ``def_*``, at once
 ===================  ==============================================================
@@ -28,12 +36,14 @@ import jax.ffi
 import numpy as np
 
 from ..core import _lifetime, _lowering
+from ..core._code import is_compiled
 from ..core._lowering import Site
 from ..core._spec import Call
-from . import _host
+from . import _compiled, _host
 from ._host import host_callback, not_exported, platform, runner_for
 
 TARGET = "xla_buffer_python_gpu_callback"
+COMPILED_PLATFORMS = ("cuda",)  # where compiled device code runs: the shim has a CUDA handler
 
 
 def check_declaration(name: str, where: str, traced: bool, device: bool, host) -> None:
@@ -48,6 +58,9 @@ def check_declaration(name: str, where: str, traced: bool, device: bool, host) -
     if host is not None and not callable(host):
         raise TypeError(f"anybind op '{name}': {where}(host=...) must be a callable, got "
                         f"{type(host).__name__}")
+    if host is not None and is_compiled(host):
+        raise TypeError(f"anybind op '{name}': {where}(host=...) is compiled code; the host "
+                        f"fallback of device code is Python host code (NumPy, SciPy, ...)")
 
 
 def array_module(call: Call):
@@ -76,6 +89,11 @@ def with_stream(fn: Callable, xp) -> Callable:
 def stream_of(exec_ctx) -> int:
     """XLA's stream for this call (a cudaStream_t, as an int)."""
     return exec_ctx.stream
+
+
+def views_of(xp, buffers, avals) -> list:
+    """CuPy views of XLA's buffers (of these avals): no copy, no synchronisation."""
+    return [xp.asarray(b) for b in buffers]
 
 
 class _StreamHandle:
@@ -119,16 +137,23 @@ class Route:
                     f"for a GPU")
             host = dataclasses.replace(rule, fn=rule.host, device=False, host=None)
             return _lowering.lower(site.replace(rule=host), *args)
+        if is_compiled(rule.fn):
+            if where not in COMPILED_PLATFORMS:
+                raise NotImplementedError(
+                    f"anybind op '{call.op.name}': its {site.name} is compiled device code, "
+                    f"a launcher given a CUDA stream; this program is compiled for {where}")
+            return _compiled.Route().lower(site, *args, gpu=True)
         xp = array_module(call)
         site = site.replace(rule=dataclasses.replace(rule, fn=with_stream(rule.fn, xp)))
         not_exported(ctx, call, site.name)
         guarded = host_callback(call, site.name, runner_for(site, xp)(call, site.batch),
                                 device=True)
         n_out = len(ctx.avals_out)
+        avals = [*ctx.avals_in, *ctx.avals_out]
 
         def callback(exec_ctx, *buffers):
             with external_stream(xp, stream_of(exec_ctx)):
-                views = [xp.asarray(b) for b in buffers]  # no copy, no synchronisation
+                views = views_of(xp, buffers, avals)
                 guarded(views[:len(views) - n_out], views[len(views) - n_out:])
             return ()
         ctx.module_context.add_host_callback(_lifetime.held(ctx, callback))

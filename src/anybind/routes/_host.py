@@ -187,6 +187,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
 
     if batch is None:
         run = make_run(())
+        put = _putter(xp)
         if len(expected) == 1:  # the hot path, inlined
             e = expected[0]
 
@@ -194,7 +195,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 (r,) = run(*ins)
                 if not (type(r) is ndarray and (r.shape, r.dtype) == e):
                     r = as_result(call, what(0), r, out_avals[0], e[0], False, 0)
-                outs[0][...] = r
+                put(outs[0], r)
             return runner
 
         checks = [(j, e[0], e[1]) for j, e in enumerate(expected)]
@@ -205,7 +206,7 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
                 r = res[j]
                 if not (type(r) is ndarray and r.shape == shape and r.dtype == dtype):
                     r = as_result(call, what(j), r, out_avals[j], shape, False, j)
-                outs[j][...] = r
+                put(outs[j], r)
         return runner
 
     size, mask = batch.size, batch.mask
@@ -254,6 +255,27 @@ def make_host_runner(call: Call, role_name: str, make_run: Callable, out_avals: 
             o[...] = as_result(call, f"the vmap rule's {out_names[j]}", r, out_avals[j],
                                 shape, False, j)
     return runner
+
+
+def _putter(xp) -> Callable:
+    """``put(o, r)``: a checked result (its output's shape and dtype) into its output.
+
+    For device arrays (CuPy) a C-contiguous result goes by one asynchronous copy on
+    the current stream (XLA's, in the device route): about 6 µs of host time against
+    15 for CuPy's ``o[...] = r`` (H100, CuPy 14; ``benchmarks/gpu_compiled.py``)."""
+    if xp is np:
+        def put(o, r):
+            o[...] = r
+        return put
+
+    def put(o, r):
+        copy = getattr(r.data, "copy_from_device_async", None)
+        if copy is not None and r.flags.c_contiguous and o.flags.c_contiguous:
+            if r.nbytes and r.data.ptr != o.data.ptr:
+                o.data.copy_from_device_async(r.data, r.nbytes)
+        else:
+            o[...] = r
+    return put
 
 
 def _inplace_runner(call: Call, make_run: Callable, batch: Batch | None, mode) -> Callable:

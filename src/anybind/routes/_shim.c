@@ -26,6 +26,20 @@
  *              const int64_t *ranks, const int32_t *dtypes, int64_t n_in, int64_t n_out,
  *              char *err, int64_t err_size);
  *
+ * The same target has a second handler for XLA's CUDA platform
+ * (anybind_gpu_handler), for device code (ab.bind(..., device=True)): the
+ * buffers are XLA's device buffers, and the function (a launcher, compiled by
+ * nvcc or any other way) gets XLA's stream first, to launch its kernels on:
+ *
+ *   int32_t launch(void *stream, void *const *ins, void *const *outs, ...as above...);
+ *
+ * It must not synchronise the device: it queues work on the stream and returns.
+ * Shapes, ranks and dtypes are host memory; the buffers are not. A binding is
+ * for one of the two handlers (its `gpu` flag): a host function is never
+ * called with device buffers, nor a launcher with host ones. Debug mode's
+ * sentinel fill and check read and write the outputs, so the GPU handler does
+ * not do them (the lowering does not ask it to).
+ *
  * A deserialised program is untrusted: every call is checked against the
  * operands its binding allows (count, dtype and shape of every operand and
  * output, and the batch rows) before the function runs. Python adds them
@@ -55,6 +69,12 @@ typedef int32_t (*anybind_fn)(void *const *ins, void *const *outs,
                               const int32_t *dtypes, int64_t n_in, int64_t n_out,
                               char *err, int64_t err_size);
 
+/* Device code: the same, after XLA's stream (a cudaStream_t). */
+typedef int32_t (*anybind_gpu_fn)(void *stream, void *const *ins, void *const *outs,
+                                  const int64_t *const *shapes, const int64_t *ranks,
+                                  const int32_t *dtypes, int64_t n_in, int64_t n_out,
+                                  char *err, int64_t err_size);
+
 /* Asks Python whether operands not seen before are a valid call of the binding
    of `key`; 0: yes (Python has allowed them), else no, with a message in err. */
 typedef int32_t (*anybind_validator)(uint64_t key, const char *tree, int64_t tree_len,
@@ -75,7 +95,8 @@ typedef struct allowed { /* one call a binding takes */
 } allowed;
 
 typedef struct {
-  anybind_fn fn;
+  void *fn; /* an anybind_fn, or (gpu) an anybind_gpu_fn */
+  int64_t gpu; /* 1: device code, called by the GPU handler with XLA's stream */
   char *what; /* "anybind op 'f': the compiled jvp rule", for error messages */
   char *name; /* the stable name a call must give */
   size_t name_len;
@@ -136,13 +157,14 @@ static char *copy_of(const char *s) {
 }
 
 /* Bind `key` to `fn` (a new binding, with nothing allowed yet), replacing any
-   binding it had. 0: done; 2: out of memory. */
+   binding it had; `gpu`: device code, for the GPU handler. 0: done; 2: out of memory. */
 int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
-                     int64_t validate, uint64_t fingerprint) {
+                     int64_t validate, uint64_t fingerprint, int64_t gpu) {
   if (key == 0) key = 1;
   binding *b = calloc(1, sizeof(binding));
   if (b == NULL) return 2;
-  b->fn = (anybind_fn)fn;
+  b->fn = fn;
+  b->gpu = gpu;
   b->name = copy_of(name);
   b->what = copy_of(what);
   b->validate = validate;
@@ -225,7 +247,7 @@ void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 6; }
+int32_t anybind_shim_version(void) { return 7; }
 
 /* ------------------------------------------------------------- helpers */
 
@@ -352,7 +374,30 @@ static int64_t unwritten(const void *data, int32_t t, int64_t rank, const int64_
 
 /* -------------------------------------------------------------- handler */
 
-XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
+/* XLA's stream for this call (a cudaStream_t on CUDA), or NULL with *error set. */
+static void *stream_of(XLA_FFI_CallFrame *frame, XLA_FFI_Error **error) {
+  XLA_FFI_Stream_Get_Args args;
+  args.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
+  args.extension_start = NULL;
+  args.ctx = frame->ctx;
+  args.stream = NULL;
+  *error = frame->api->XLA_FFI_Stream_Get(&args);
+  return args.stream;
+}
+
+static int32_t call_fn(const binding *e, void *stream, void **ptrs, const int64_t **shapes,
+                       const int64_t *ranks, const int32_t *dtypes, int64_t n_in,
+                       int64_t n_out, char *err) {
+  if (e->gpu)
+    return ((anybind_gpu_fn)e->fn)(stream, ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in,
+                                   n_out, err, ERR_SIZE);
+  return ((anybind_fn)e->fn)(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out, err,
+                             ERR_SIZE);
+}
+
+/* One call of a binding: by the CPU handler (gpu = 0), the CUDA one (gpu = 1), or the
+   CUDA one's work on the CPU with no stream (gpu = 2, for tests). */
+static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
   PREAMBLE(frame);
 
   const XLA_FFI_Api *api = frame->api;
@@ -402,6 +447,20 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
              e->name, (unsigned long long)fingerprint, (unsigned long long)e->fingerprint);
     return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
   }
+  if (e->gpu != (gpu != 0)) {
+    snprintf(msg, sizeof msg, "%s is %s, but a program compiled for %s called it", e->what,
+             e->gpu ? "device code (device=True), a launcher given XLA's stream"
+                    : "host code, given host buffers",
+             gpu ? "a GPU" : "the CPU");
+    return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+  }
+  void *stream = NULL;
+  if (gpu == 1) {
+    XLA_FFI_Error *got = NULL;
+    stream = stream_of(frame, &got);
+    if (got != NULL) return got;
+  }
+  if (gpu) debug = 0; /* the outputs are device memory: see the top of this file */
 
   int64_t n_in = frame->args.size, n_out = frame->rets.size, n = n_in + n_out;
   void *ptr_stack[STACK_OPERANDS], *base_stack[STACK_OPERANDS];
@@ -491,7 +550,7 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
   int32_t status = 0;
   int64_t row = 0;
   if (rows == 0) {
-    status = e->fn(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out, err, ERR_SIZE);
+    status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err);
   } else {
     /* Row b of an operand whose leading axis is `rows`; operands with a leading
        axis of 1 are the same row for every b. */
@@ -511,7 +570,7 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
     }
     for (row = 0; row < rows && status == 0; ++row) {
       for (int64_t i = 0; i < n; ++i) ptrs[i] = (char *)base[i] + row * strides[i];
-      status = e->fn(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out, err, ERR_SIZE);
+      status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err);
     }
     row -= 1;
     for (int64_t i = 0; i < n; ++i) { /* back to whole buffers, for the debug check */
@@ -548,4 +607,14 @@ XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) {
 done:
   free(heap);
   return error;
+}
+
+XLA_FFI_Error *anybind_handler(XLA_FFI_CallFrame *frame) { return handle(frame, 0); }
+
+XLA_FFI_Error *anybind_gpu_handler(XLA_FFI_CallFrame *frame) { return handle(frame, 1); }
+
+/* The CUDA handler's work on the CPU, with a NULL stream: device code's calls (which
+   binding, which operands, by rows, errors) tested where there is no GPU. */
+XLA_FFI_Error *anybind_gpu_handler_on_cpu(XLA_FFI_CallFrame *frame) {
+  return handle(frame, 2);
 }

@@ -10,6 +10,9 @@ piece                  what it does
                        where a shim is at hand without building, so that a
                        deserialised program finds anybind's handler (and its
                        messages) before any compiled op is bound
+``register_gpu``       registers its CUDA handler (device code: launchers given
+                       XLA's stream) under the same target, once, when device
+                       code is first bound where JAX has a CUDA backend
 =====================  =========================================================
 
 The cache is untrusted: whatever is loaded from it runs with the user's rights,
@@ -45,7 +48,7 @@ import jax.ffi
 from ..core import _jax
 
 TARGET = "anybind_compiled"
-SHIM_VERSION = 6  # must equal anybind_shim_version() in _shim.c
+SHIM_VERSION = 7  # must equal anybind_shim_version() in _shim.c
 
 _lock = threading.Lock()
 _registered: list = []  # [the library] once its handler is registered with XLA
@@ -88,7 +91,7 @@ def _open(path: Path, strict: bool = False) -> ctypes.CDLL | None:
                                f"{lib.anybind_shim_version()}, expected {SHIM_VERSION}")
         return None  # a stale build: build a fresh one
     u64, p, i64 = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64
-    lib.anybind_bind.argtypes = [u64, p, ctypes.c_char_p, ctypes.c_char_p, i64, u64]
+    lib.anybind_bind.argtypes = [u64, p, ctypes.c_char_p, ctypes.c_char_p, i64, u64, i64]
     lib.anybind_bind.restype = ctypes.c_int32
     lib.anybind_allow.argtypes = [u64, i64, i64, i64, ctypes.POINTER(i64), i64]
     lib.anybind_allow.restype = ctypes.c_int32
@@ -111,6 +114,27 @@ def register_target(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
             _jax.stable_custom_call_targets().add(TARGET)
             _registered.append(lib)
     return _registered[0]
+
+
+_gpu_registered: list = []  # [True] once the CUDA handler is registered
+
+
+def register_gpu() -> ctypes.CDLL:
+    """Register the shim's CUDA handler under the same target, once.
+
+    Only where JAX has a CUDA backend: registering a target for a platform JAX
+    has no plugin for is kept by JAX for later, and is harmless, but there is no
+    program to call it.
+    """
+    lib = register_target()
+    if _gpu_registered:
+        return lib
+    with _lock:
+        if not _gpu_registered:
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.anybind_gpu_handler),
+                                        platform="CUDA")
+            _gpu_registered.append(True)
+    return lib
 
 
 def register_at_import() -> None:

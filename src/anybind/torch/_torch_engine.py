@@ -245,7 +245,8 @@ def plain_tree(out):
 
 class TorchDevice(TorchHost):
     """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``).
-    (Inputs are copied only where the function writes; random draws are not replayed.)"""
+    (Inputs are copied only where the function writes, found as ``TorchHost`` finds
+    them; random draws are not replayed.)"""
 
     def __call__(self, *args, stream: int, **kw):
         if not torch.cuda.is_available():
@@ -253,23 +254,38 @@ class TorchDevice(TorchHost):
                 f"anybind op '{self.__name__}' runs torch code in a GPU program, which needs "
                 f"a CUDA build of torch; this one ({torch.__version__}) has none")
         import cupy
+        leaves, tree = tree_util.tree_flatten((args, kw))
+        eff = self._device_effects(leaves, tree, cupy.ndarray)
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
-            ts = []
-            args, kw = over((args, kw), _collect(ts, lambda a: torch.from_dlpack(a.copy()),
-                                                 cupy.ndarray))
+            ts = [torch.from_dlpack(a.copy() if eff.copies(i) else a)
+                  if isinstance(a, cupy.ndarray) else a for i, a in enumerate(leaves)]
+            args, kw = tree.unflatten(ts)
             out = self.fn(*args, **kw)
             return over(plain_tree(out), lambda t: cupy.from_dlpack(t.detach())
                         if isinstance(t, torch.Tensor) else t)
 
+    def _device_effects(self, leaves: list, tree, kinds):
+        """The function's writes into inputs like these device arrays, found once per
+        call signature (on fake tensors of their shapes and dtypes)."""
+        key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, kinds) else a
+                            for a in leaves]))
+        try:
+            eff = self._effects.get(key)
+        except TypeError:  # an unhashable static keyword: not remembered
+            key, eff = None, None
+        if eff is None:
+            eff = _effects.effects(
+                self.fn, [_shaped_like(a) if isinstance(a, kinds) else a for a in leaves],
+                lambda ls: tree.unflatten(ls))
+            if key is not None:
+                self._effects[key] = eff
+        return eff
 
-def _collect(ts: list, convert: Callable, kinds) -> Callable:
-    """A leaf map that converts arrays of ``kinds`` into tensors, keeping them in ``ts``."""
-    def leaf(a):
-        if isinstance(a, kinds):
-            ts.append(convert(a))
-            return ts[-1]
-        return a
-    return leaf
+
+def _shaped_like(a) -> np.ndarray:
+    """A NumPy array of ``a``'s shape and dtype that holds no memory of that size (the
+    effects of a function are found on fake tensors made from shapes and dtypes)."""
+    return np.broadcast_to(np.empty((), a.dtype), a.shape)
 
 
 def _untouched(name: str, ts) -> None:
