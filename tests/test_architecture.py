@@ -12,7 +12,7 @@ import anybind
 PACKAGE = Path(anybind.__file__).resolve().parent
 
 # Layers, bottom to top: a module may import its own layer's modules and lower layers'.
-LAYERS = [("core",), ("routes",), ("_api",), ("torch",), ("check", "recipes", "contrib"),
+LAYERS = [("core", "_window"), ("routes",), ("_api",), ("torch",), ("check", "recipes", "contrib"),
           ("cli", "__init__", "__main__")]
 SEAM = "core._jax"
 PRIVATE = ("jax._src", "jax.interpreters", "jax.core", "jaxlib")
