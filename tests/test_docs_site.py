@@ -308,3 +308,25 @@ def test_files_to_create_show_their_names(site: Path) -> None:
             assert f'<span class="filename">{name}</span>' in html, f"{rel}: {name} has no title"
             checked += 1
     assert checked >= 5, checked
+
+
+def test_headings_speak_to_readers() -> None:
+    """No heading of a page (the benchmarks' README included) cites the tracker's "issue N"."""
+    for page in [*DOCS.glob("**/*.md"), ROOT / "README.md", ROOT / "benchmarks" / "README.md"]:
+        for i, line in enumerate(page.read_text().splitlines()):
+            if line.startswith("#") and re.search(r"\bissues? \d", line, re.IGNORECASE):
+                pytest.fail(f"{page.relative_to(ROOT)}:{i + 1}: {line}")
+
+
+def test_no_output_is_shown_twice() -> None:
+    """An output block is not repeated by a plain block right after it (debugging.md's was)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from test_docs import PAGES, blocks
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    for page in PAGES:
+        found = blocks(page)
+        for shown, after in zip(found, found[1:]):
+            if shown.marker("output") is not None and after.code.strip() == shown.code.strip():
+                pytest.fail(f"{after.where} repeats the output shown at {shown.where}")
