@@ -5,7 +5,7 @@ headless Chromium (Debian's ``chromium`` package: ``apt-get install chromium``)
 take a screenshot of each page at each width into ``screenshots/`` (ignored by git),
 named ``PAGE-WIDTH.png``::
 
-    python docs/screenshots.py [--out screenshots] [--site SITE_DIR] [--width 1280 1920] [--height 2000]
+    python docs/screenshots.py [--out DIR] [--site SITE_DIR] [--width 1280 1920] [--height 2000]
 
 ``--site`` skips the build and serves an already built site.
 """
