@@ -22,9 +22,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "anybind"   # the same SVG for the same numbers
-# type that reads at the page's width (a 10-inch figure is shown about 7 inches wide)
-matplotlib.rcParams.update({"font.size": 11, "legend.fontsize": 10, "xtick.labelsize": 10,
-                            "ytick.labelsize": 10, "axes.titlesize": 12})
+# type that reads at the page's width: an 11-inch figure is shown about 730 px wide at a
+# 1280 px window, so 12 pt comes out at about 11 px
+matplotlib.rcParams.update({"font.size": 13, "legend.fontsize": 12, "xtick.labelsize": 12,
+                            "ytick.labelsize": 12, "axes.titlesize": 13})
 import matplotlib.pyplot as plt  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -101,7 +102,7 @@ def _bars(ax, labels, values, colours, xlabel, log=True, fmt="{:.3g}", ylabel="r
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     for i, v in enumerate(values):
-        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=9)
+        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=11)
     _room_right(ax, max(values), log)
     ax.grid(True, axis="x", which="both", alpha=0.25)
 
@@ -117,7 +118,7 @@ def _legend_below(ax, ncols: int = 2) -> None:
 
 def overhead(results: dict, out: Path) -> Path:
     """Per-call time of f = x1·x2² under jit and jit(grad), per route, against n."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     _grouped(axes[0], results["calls"], "jit(f)")
     _grouped(axes[1], results["grads"], "jit(grad(Σ f))")
     for ax in axes:
@@ -161,7 +162,7 @@ def contrib(results: dict, out: Path) -> Path:
         ys = [i + (k - 0.5) * width for i in range(len(cases))]
         ax.barh(ys, ratios, height=width, color=colour, label=mode)
         for y, r in zip(ys, ratios):
-            ax.text(r, y, f" {r:.2f}", va="center", fontsize=9)
+            ax.text(r, y, f" {r:.2f}", va="center", fontsize=11)
     ax.axvline(1.0, color="#222222", linewidth=1)
     ax.set_yticks(range(len(cases)), cases)
     ax.set_ylabel("transform and size")
@@ -202,7 +203,7 @@ def many_devices(results: dict, out: Path) -> Path:
         ys = [i + (k - 1) * width for i in range(len(cases))]
         ax.barh(ys, ms, height=width, color=colours[route], label=route)
         for y, v in zip(ys, ms):
-            ax.text(v, y, f" {v:.3g}", va="center", fontsize=9)
+            ax.text(v, y, f" {v:.3g}", va="center", fontsize=11)
     ax.set_xscale("log")
     _room_right(ax, max(group[c]["routes"][r]["min_us"] / 1000 for c in cases for r in routes),
                 True)
@@ -227,7 +228,7 @@ def torch_routes(torch_results: dict, out: Path) -> Path:
         vals = [group[c][route]["min_us"] for c in cases]
         ax.bar(xs, vals, width=width, color=_colour(route), label=route)
         for x, v in zip(xs, vals):
-            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=9)
+            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=11)
     ax.set_yscale("log")
     ax.set_xticks(range(len(cases)), cases)
     ax.set_xlabel("operation")
