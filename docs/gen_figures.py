@@ -22,15 +22,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "anybind"   # the same SVG for the same numbers
+# type that reads at the page's width: an 11-inch figure is shown about 730 px wide at a
+# 1280 px window, so 12 pt comes out at about 11 px
+matplotlib.rcParams.update({"font.size": 13, "legend.fontsize": 12, "xtick.labelsize": 12,
+                            "ytick.labelsize": 12, "axes.titlesize": 13})
 import matplotlib.pyplot as plt  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 # one colour per kind of route, the same in every figure
 COLOURS = {
-    "anybind": "#1f6feb", "anybind out=True": "#7aa7f7", "anybind def_vjp(out=True)": "#0b3d91",
-    "anybind compiled (C)": "#1f6feb", "anybind compiled (Numba)": "#7aa7f7",
-    "anybind Python": "#0b3d91", "anybind op.torch": "#1f6feb",
+    # anybind's variants: blue, teal and navy (navy bars hatched), told apart in print too
+    "anybind": "#1f6feb", "anybind out=True": "#17a398", "anybind def_vjp(out=True)": "#0b2a6b",
+    "anybind compiled (C)": "#1f6feb", "anybind compiled (Numba)": "#17a398",
+    "anybind Python": "#0b2a6b", "anybind op.torch": "#1f6feb",
     "native jnp": "#222222", "native torch": "#222222",
     "pure_callback": "#d1242f", "custom_vjp+pure_callback": "#d1242f",
     "buffer_callback": "#bf8700", "custom_vjp+buffer_callback": "#bf8700",
@@ -61,7 +66,8 @@ def _n_label(n: str) -> str:
 def _save(fig, out: Path, name: str) -> Path:
     path = out / name
     fig.tight_layout()
-    fig.savefig(path, format="svg", metadata={"Date": None})
+    # the bounding box holds every label and the legends placed outside the axes
+    fig.savefig(path, format="svg", metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -76,11 +82,12 @@ def _grouped(ax, group: dict, title: str) -> None:
         anybind = route.startswith("anybind")
         ax.bar(xs, [group[n][route]["min_us"] for n in ns], width=width, color=_colour(route),
                label=route, edgecolor="#222222" if anybind else "none", linewidth=0.8,
-               hatch="//" if route.startswith("custom_vjp") else None)   # its callback's colour
+               hatch="//" if route.startswith("custom_vjp")        # its callback's colour
+               else ".." if _colour(route) == "#0b2a6b" else None)
     ax.set_yscale("log")
     ax.set_xticks(range(len(ns)), [f"n = {_n_label(n)}" for n in ns])
     ax.set_xlabel("array size")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title)
     ax.set_ylabel("µs per call (min)")
     ax.grid(True, axis="y", which="both", alpha=0.25)
 
@@ -88,39 +95,47 @@ def _grouped(ax, group: dict, title: str) -> None:
 def _bars(ax, labels, values, colours, xlabel, log=True, fmt="{:.3g}", ylabel="route") -> None:
     y = range(len(labels))
     ax.barh(y, values, color=colours)
-    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_yticks(y, labels)
     ax.set_ylabel(ylabel)
     ax.invert_yaxis()
     if log:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     for i, v in enumerate(values):
-        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=7)
+        ax.text(v, i, " " + fmt.format(v), va="center", fontsize=11)
+    _room_right(ax, max(values), log)
     ax.grid(True, axis="x", which="both", alpha=0.25)
+
+
+def _room_right(ax, largest: float, log: bool) -> None:
+    """Room right of the longest bar for its value label, inside the frame."""
+    ax.set_xlim(right=largest * 4 if log else largest * 1.2)
+
+
+def _legend_below(ax, ncols: int = 2) -> None:
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=ncols, frameon=False)
 
 
 def overhead(results: dict, out: Path) -> Path:
     """Per-call time of f = x1·x2² under jit and jit(grad), per route, against n."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     _grouped(axes[0], results["calls"], "jit(f)")
     _grouped(axes[1], results["grads"], "jit(grad(Σ f))")
     for ax in axes:
-        ax.legend(fontsize=7, loc="upper left")
-        ax.set_ylim(top=ax.get_ylim()[1] * 3)   # room for the legend above the bars
+        _legend_below(ax)
     return _save(fig, out, "overhead.svg")
 
 
 def compiled(results: dict, out: Path) -> Path:
     """Compiled routes against n, and the per-call cost inside a lax.scan of 1000 steps."""
     ffi = results["ffi"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [1.1, 1]})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5), gridspec_kw={"width_ratios": [1.1, 1]})
     _grouped(axes[0], ffi, "jit(f), compiled and Python routes")
-    axes[0].legend(fontsize=7, loc="upper left")
-    axes[0].set_ylim(top=axes[0].get_ylim()[1] * 3)
+    _legend_below(axes[0])
     routes = list(ffi["scan"])
     per_step = [ffi["scan"][r]["min_us"] / 1000 for r in routes]
     _bars(axes[1], routes, per_step, [_colour(r) for r in routes], "µs per step (min)")
-    axes[1].set_title("inside a lax.scan of 1000 steps, n = 1", fontsize=10)
+    axes[1].set_title("inside a lax.scan of 1000 steps, n = 1")
     return _save(fig, out, "compiled.svg")
 
 
@@ -131,7 +146,7 @@ def vmap(results: dict, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 3.8))
     _bars(ax, routes, [group[r]["min_us"] for r in routes], [_colour(r) for r in routes],
           "µs per call (min)")
-    ax.set_title("jit(vmap(f)) over 1000×100", fontsize=10)
+    ax.set_title("jit(vmap(f)) over 1000×100")
     return _save(fig, out, "vmap.svg")
 
 
@@ -141,21 +156,21 @@ def contrib(results: dict, out: Path) -> Path:
     cases = list(group)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     width = 0.38
-    for k, (mode, colour) in enumerate([("forward", "#1f6feb"), ("jit(grad)", "#7aa7f7")]):
+    for k, (mode, colour) in enumerate([("forward", "#1f6feb"), ("jit(grad)", "#17a398")]):
         ratios = [group[c][mode]["anybind"]["min_us"] / group[c][mode]["JAXbind"]["min_us"]
                   for c in cases]
         ys = [i + (k - 0.5) * width for i in range(len(cases))]
         ax.barh(ys, ratios, height=width, color=colour, label=mode)
         for y, r in zip(ys, ratios):
-            ax.text(r, y, f" {r:.2f}", va="center", fontsize=7)
+            ax.text(r, y, f" {r:.2f}", va="center", fontsize=11)
     ax.axvline(1.0, color="#222222", linewidth=1)
-    ax.set_yticks(range(len(cases)), cases, fontsize=8)
+    ax.set_yticks(range(len(cases)), cases)
     ax.set_ylabel("transform and size")
     ax.invert_yaxis()
-    ax.set_xlim(0, 1.25)
+    ax.set_xlim(0, 1.4)
     ax.set_xlabel("anybind ÷ JAXbind, ratio of minima (< 1: anybind faster)")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("anybind.contrib.ducc0 against jaxbind.contrib.jaxducc0", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title("anybind.contrib.ducc0 against jaxbind.contrib.jaxducc0")
     return _save(fig, out, "contrib.svg")
 
 
@@ -171,7 +186,7 @@ def memory(results: dict, out: Path) -> Path:
     _bars(ax, labels, ratios, colours, "peak RSS ÷ the arrays' own size", log=False,
           fmt="{:.2f}", ylabel="operation: route")
     ax.axvline(1.0, color="#222222", linewidth=1)
-    ax.set_title("peak memory, n = 5·10⁷ float64 (381 MiB per array)", fontsize=10)
+    ax.set_title("peak memory, n = 5·10⁷ float64 (381 MiB per array)")
     return _save(fig, out, "memory.svg")
 
 
@@ -188,15 +203,16 @@ def many_devices(results: dict, out: Path) -> Path:
         ys = [i + (k - 1) * width for i in range(len(cases))]
         ax.barh(ys, ms, height=width, color=colours[route], label=route)
         for y, v in zip(ys, ms):
-            ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
+            ax.text(v, y, f" {v:.3g}", va="center", fontsize=11)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(cases)), cases, fontsize=8)
+    _room_right(ax, max(group[c]["routes"][r]["min_us"] / 1000 for c in cases for r in routes),
+                True)
+    ax.set_yticks(range(len(cases)), cases)
     ax.set_ylabel("operation")
     ax.invert_yaxis()
     ax.set_xlabel("ms per call (min)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("8 CPU devices, rows sharded: shard= against the gathered default",
-                 fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title("8 CPU devices, rows sharded: shard= against the gathered default")
     return _save(fig, out, "many_devices.svg")
 
 
@@ -205,28 +221,27 @@ def torch_routes(torch_results: dict, out: Path) -> Path:
     group = torch_results["results"]
     cases = list(group)
     routes = list(group[cases[0]])
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, ax = plt.subplots(figsize=(10, 4.6))
     width = 0.8 / len(routes)
     for k, route in enumerate(routes):
         xs = [i + (k - (len(routes) - 1) / 2) * width for i in range(len(cases))]
         vals = [group[c][route]["min_us"] for c in cases]
         ax.bar(xs, vals, width=width, color=_colour(route), label=route)
         for x, v in zip(xs, vals):
-            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+            ax.text(x, v, f"{v:.3g}", ha="center", va="bottom", fontsize=11)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(cases)), cases, fontsize=8)
+    ax.set_xticks(range(len(cases)), cases)
     ax.set_xlabel("operation")
     ax.set_ylabel("µs per call (min)")
-    ax.legend(fontsize=8, ncols=4, loc="upper left")
-    ax.set_ylim(top=ax.get_ylim()[1] * 4)
-    ax.set_title(f"f = x1·x2² on float64 CPU tensors (torch {torch_results['torch']})",
-                 fontsize=10)
+    ax.set_ylim(top=ax.get_ylim()[1] * 2)   # the value labels above the bars stay inside
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=4, frameon=False)
+    ax.set_title(f"f = x1·x2² on float64 CPU tensors (torch {torch_results['torch']})")
     return _save(fig, out, "torch.svg")
 
 
 def recipes(recipes_results: dict, out: Path) -> Path:
     """Peak memory of the recipes against plain JAX reverse mode."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     nbody = recipes_results["nbody"]
     ns = sorted({int(k.rsplit("@", 1)[1]) for k in nbody})
     for route, colour in [("anybind symmetric=True", "#1f6feb"), ("JAX reverse mode", "#d1242f")]:
@@ -237,7 +252,7 @@ def recipes(recipes_results: dict, out: Path) -> Path:
     axes[0].set_xticks(ns, [f"{n:,}" for n in ns])
     axes[0].set_xlabel("N particles")
     axes[0].set_ylabel("peak RSS over base, MiB")
-    axes[0].set_title("direct-summation forces, jit(grad) of Σ|F|²", fontsize=10)
+    axes[0].set_title("direct-summation forces, jit(grad) of Σ|F|²")
     loop = recipes_results["loop"]
     steps = sorted({int(k.rsplit("@", 1)[1]) for k in loop})
     for route, colour in [("ab.reversible_loop", "#1f6feb"), ("lax.fori_loop", "#d1242f"),
@@ -249,9 +264,9 @@ def recipes(recipes_results: dict, out: Path) -> Path:
     axes[1].set_yscale("log")
     axes[1].set_xlabel("steps")
     axes[1].set_ylabel("peak RSS over base, MiB")
-    axes[1].set_title("jit(grad) through a loop, 256×256 float64 state", fontsize=10)
+    axes[1].set_title("jit(grad) through a loop, 256×256 float64 state")
     for ax in axes:
-        ax.legend(fontsize=8)
+        ax.legend()
         ax.grid(True, which="both", alpha=0.25)
     return _save(fig, out, "recipes.svg")
 

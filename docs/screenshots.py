@@ -1,10 +1,11 @@
-"""Screenshots of the built site in a real browser: the home page, a guide, an API page.
+"""Screenshots of the built site in a real browser, at the widths readers have.
 
 Builds the site (``mkdocs build --strict``), serves it on 127.0.0.1, and has
 headless Chromium (Debian's ``chromium`` package: ``apt-get install chromium``)
-take a screenshot of each page into ``screenshots/`` (ignored by git)::
+take a screenshot of each page at each width into ``screenshots/`` (ignored by git),
+named ``PAGE-WIDTH.png``::
 
-    python docs/screenshots.py [--out screenshots] [--site SITE_DIR] [--width 1280] [--height 2000]
+    python docs/screenshots.py [--out DIR] [--site SITE_DIR] [--width 1280 1920] [--height 2000]
 
 ``--site`` skips the build and serves an already built site.
 """
@@ -22,7 +23,8 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = {"home": "", "guide": "guides/compiled/", "api": "reference/api/"}
+PAGES = {"home": "", "getting-started": "getting-started/", "guide": "guides/compiled/",
+         "api": "reference/api/", "performance": "performance/"}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--hide-scrollbars"]
@@ -67,7 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
     parser.add_argument("--site", type=Path, help="an already built site to serve")
-    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--width", type=int, nargs="+", default=[1280, 1920])
     parser.add_argument("--height", type=int, default=2000)
     args = parser.parse_args()
     browser = chromium()
@@ -80,9 +82,10 @@ def main() -> None:
         try:
             for name, path in PAGES.items():
                 url = f"http://127.0.0.1:{server.server_port}/{path}"
-                png = args.out / f"{name}.png"
-                shoot(browser, url, png, args.width, args.height)
-                print(f"{url} -> {png}")
+                for width in args.width:
+                    png = args.out / f"{name}-{width}.png"
+                    shoot(browser, url, png, width, args.height)
+                    print(f"{url} -> {png}")
         finally:
             server.shutdown()
 

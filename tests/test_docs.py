@@ -19,8 +19,11 @@ block of the page. One or more of:
   directory;
 - ``<!-- docs-test: output -->``: the block (a ```text block, shown as the
   output) is what the runnable block above it printed, compared as doctest
-  compares, ``...`` matching anything and runs of whitespace equal; skipped
-  with that block.
+  compares, ``...`` matching anything and runs of whitespace equal (so a long
+  line may be shown wrapped); skipped with that block. ``output approx``: the
+  numbers in it may differ from those printed by a factor of up to 2 or by up
+  to 1e-6 (errors of finite differences, which vary with the CPU), the rest is
+  compared as above.
 
 Each marked block also gets a test of its own, skipped with the reason while
 its condition is unmet, so that nothing is left out silently. PyTorch's blocks
@@ -109,10 +112,29 @@ def runnable(block: Block) -> bool:
             or block.marker("shell") is not None)
 
 
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d*(?:e[-+]?\d+)?(?![\w.])")
+
+
+def _numbers_close(shown: str, printed: str) -> str:
+    """``printed`` with each number replaced by the one shown where the two are close."""
+    want, got = _NUMBER.findall(shown), _NUMBER.findall(printed)
+    if len(want) != len(got):
+        return printed
+    pieces, last = [], 0
+    for w, m in zip(want, _NUMBER.finditer(printed)):
+        a, b = float(w), float(m.group())
+        close = abs(a - b) <= 1e-6 or (a * b > 0 and max(a / b, b / a) <= 2)
+        pieces += [printed[last:m.start()], w if close else m.group()]
+        last = m.end()
+    return "".join(pieces) + printed[last:]
+
+
 def check_output(block: Block, printed: str) -> None:
     """Raise unless ``printed`` matches the output block, as doctest matches (``...``)."""
     import doctest
     checker, flags = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    if "approx" in (block.marker("output") or []):
+        printed = _numbers_close(block.code, printed)
     if not checker.check_output(block.code.strip() + "\n", printed.strip() + "\n", flags):
         raise AssertionError(f"{block.where}: the output shown is not what the block above "
                              f"printed.\nshown:\n{block.code}printed:\n{printed}")

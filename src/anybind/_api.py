@@ -522,7 +522,7 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
         (change it when the compiled code changes under the same name).
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
-    >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
+    >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="expand_dims",
     ...               jvp=lambda p, t: p[1]**2 * t[0] + 2 * p[0] * p[1] * t[1],
     ...               vjp=lambda p, ct: (p[1]**2 * ct, 2 * p[0] * p[1] * ct), name="mul")
     >>> jax.grad(lambda a, b: mul(a, b).sum(), argnums=1)(jnp.ones(2), jnp.full(2, 3.0))

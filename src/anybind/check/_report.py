@@ -38,7 +38,7 @@ class RuleError(Exception):
     ``report``, the checks that ran up to and including this one.
 
     >>> import anybind as ab, numpy as np
-    >>> bad = ab.bind(np.sin, shape=ab.like(0), vmap="vectorized",
+    >>> bad = ab.bind(np.sin, shape=ab.like(0), vmap="expand_dims",
     ...               jvp=lambda p, t: 2 * np.cos(p[0]) * t[0], name="bad_sin")
     >>> try:
     ...     ab.check(bad, np.linspace(0.1, 1.0, 4))
@@ -135,7 +135,7 @@ def check(op: Op, *args: Any, rtol: float | None = None, atol: float | None = No
         argument or output, and the measured error against the tolerance.
 
     >>> import anybind as ab, numpy as np
-    >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",
+    >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="expand_dims",
     ...               jvp=lambda p, t: p[1]**2 * t[0] + 2 * p[0] * p[1] * t[1],
     ...               vjp=lambda p, ct: (p[1]**2 * ct, 2 * p[0] * p[1] * ct), name="mul")
     >>> ab.check(mul, np.ones(3), np.full(3, 2.0)).ok

@@ -59,7 +59,7 @@ def _rng():
 
 
 def _elementwise(fn, name, **kw):
-    return ab.bind(fn, shape=ab.like(0), vmap="vectorized", name=name, **kw)
+    return ab.bind(fn, shape=ab.like(0), vmap="expand_dims", name=name, **kw)
 
 
 def gammaln_case() -> Case:
@@ -80,7 +80,7 @@ def gammaln_case() -> Case:
 def numpy_fft_case() -> Case:
     """numpy.fft.fft: linear; the DFT matrix is symmetric, so its transpose is itself."""
     fft = ab.bind(lambda z: np.fft.fft(z, axis=-1), shape=ab.like(0), linear=True,
-                  vmap="vectorized", name="numpy_fft",
+                  vmap="expand_dims", name="numpy_fft",
                   transpose=lambda ct: (np.fft.fft(ct, axis=-1),))
     return _fft_case("numpy.fft.fft", fft)
 
@@ -91,7 +91,7 @@ def ducc0_fft_case() -> Case:
 
     def c2c(z):
         return ducc0.fft.c2c(z, axes=(z.ndim - 1,), forward=True)
-    fft = ab.bind(c2c, shape=ab.like(0), linear=True, vmap="vectorized", name="ducc0_c2c",
+    fft = ab.bind(c2c, shape=ab.like(0), linear=True, vmap="expand_dims", name="ducc0_c2c",
                   transpose=lambda ct: (c2c(ct),))
     return _fft_case("ducc0.fft.c2c", fft)
 
@@ -135,7 +135,7 @@ def sort_case() -> Case:
         return (out,)
 
     sort = ab.bind(fn, shape=lambda x: (x, jax.ShapeDtypeStruct(x.shape, np.int64)),
-                   vmap="vectorized", name="sort", vjp=vjp,
+                   vmap="expand_dims", name="sort", vjp=vjp,
                    jvp=lambda p, t: (np.take_along_axis(
                        t[0], np.argsort(p[0], axis=-1, kind="stable"), axis=-1), None))
     ref = lambda x: (jnp.sort(x), jnp.argsort(x, stable=True).astype(jnp.int64))

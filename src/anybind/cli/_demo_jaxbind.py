@@ -60,7 +60,7 @@ def fftn_with_adjoint_as_transpose() -> ab.Op:
 def mlin_op() -> ab.Op:
     """Linear in x and in y separately; the transposes are demo 02's mlin_T1 and mlin_T2."""
     return ab.bind(lambda x, y: (x * y, x * y), shape=lambda x, y: (x, x), multilinear=True,
-                   vmap="vectorized", name="mlin",
+                   vmap="expand_dims", name="mlin",
                    transpose=(lambda p, ct: p[1] * ct[0] + p[1] * ct[1],   # x̄ = y·ā + y·b̄
                               lambda p, ct: p[0] * ct[0] + p[0] * ct[1]))  # ȳ = x·ā + x·b̄
 
@@ -71,7 +71,7 @@ def nonlin_op() -> ab.Op:
     """JAXbind's ``first_n_args_fixed=1``: x is a keyword operand (traced, batched, never
     differentiated); demo 03's derivative and its transpose are the jvp and vjp rules."""
     return ab.bind(lambda y, *, x: (x * y, y * y), shape=lambda y, *, x: (y, y),
-                   vmap="vectorized", name="nonlin",
+                   vmap="expand_dims", name="nonlin",
                    jvp=lambda p, t, *, x: (x * t[0], 2 * p[0] * t[0]),
                    vjp=lambda p, ct, *, x: (x * ct[0] + 2 * p[0] * ct[1],))
 

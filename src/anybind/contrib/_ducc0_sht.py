@@ -185,12 +185,12 @@ def _adjoint_transpose(ct, *, out, **kw) -> None:
 
 
 healpix_synthesis = ab.bind(
-    _synthesis, shape=_synthesis_spec, linear=True, vmap="vectorized", out=True,
+    _synthesis, shape=_synthesis_spec, linear=True, vmap="expand_dims", out=True,
     shard="... c a -> ... c q", replicated=("c",),  # leading axes split; E/B mix into Q/U
     name="ducc0_healpix_synthesis", examples=_example_alm)
 healpix_synthesis.def_transpose(_synthesis_transpose, out=True)
 healpix_adjoint_synthesis = ab.bind(
-    _adjoint_synthesis, shape=_adjoint_spec, linear=True, vmap="vectorized", out=True,
+    _adjoint_synthesis, shape=_adjoint_spec, linear=True, vmap="expand_dims", out=True,
     shard="... c q -> ... c a", replicated=("c",),
     name="ducc0_healpix_adjoint_synthesis", examples=_example_map)
 healpix_adjoint_synthesis.def_transpose(_adjoint_transpose, out=True)

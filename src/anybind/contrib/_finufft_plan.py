@@ -144,9 +144,9 @@ class Plan:
             _source_check(f"{where}.nufft2", source, dtype, modes)
             return jax.ShapeDtypeStruct(source.shape[:len(source.shape) - nd] + (m,), dtype)
 
-        self._t1 = ab.bind(t1, shape=spec1, linear=True, out=True, vmap="vectorized",
+        self._t1 = ab.bind(t1, shape=spec1, linear=True, out=True, vmap="expand_dims",
                            name="finufft_plan_nufft1")
-        self._t2 = ab.bind(t2, shape=spec2, linear=True, out=True, vmap="vectorized",
+        self._t2 = ab.bind(t2, shape=spec2, linear=True, out=True, vmap="expand_dims",
                            name="finufft_plan_nufft2")
         self._t1.def_transpose(lambda ct, *, out, iflag: t2(ct, out=out[0], iflag=iflag),
                                out=True)
@@ -215,7 +215,7 @@ class Plan3:
             _source_check(f"{where}.nufft3", source, dtype, (m,))
             return jax.ShapeDtypeStruct(source.shape[:-1] + (n,), dtype)
 
-        self._t3 = ab.bind(t3, shape=spec, linear=True, out=True, vmap="vectorized",
+        self._t3 = ab.bind(t3, shape=spec, linear=True, out=True, vmap="expand_dims",
                            name="finufft_plan_nufft3")
         self._t3.def_transpose(t3_transpose, out=True)
 

@@ -6,9 +6,12 @@ Every name here is an ``ab.Op`` with example inputs, so ``ab.check(op)`` and
 - ``gammaln``, ``digamma``, ``polygamma(x, n=…)``, ``erfcx``: elementwise in x.
 - ``jv``, ``yv``, ``iv``, ``kv`` ``(x, v=…)``: Bessel functions, differentiable in
   x; the order v is a number or a non-differentiable array.
-- ``spsolve(data, b, indices=…, indptr=…, format="csr")``: x = A⁻¹b for a sparse
-  A, differentiable in A's stored values and in b, and linear in b
-  (``jax.linear_transpose`` in b is the transposed solve).
+- ``spsolve(data, b, indices=…, indptr=…, format="csr")``: x = A⁻¹b for a square
+  sparse A, differentiable in A's stored values and in b, and linear in b
+  (``jax.linear_transpose`` in b is the transposed solve). ``data``, ``indices``
+  and ``indptr`` are SciPy's arrays of a ``format="csr"`` matrix (the default:
+  ``indptr`` indexes rows) or a ``format="csc"`` one (columns); any other value
+  is a ``ValueError``. ``b`` is (n,) or (n, k).
 
 Each derivative rule is JAX code calling these ops again (polygamma n+1, the
 Bessel orders v±1, another solve), which is what gives every order.

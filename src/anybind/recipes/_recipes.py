@@ -145,7 +145,8 @@ def root(f: Callable[..., Any], solver: Callable[..., Any], *,
         calls it with the transposed matvec. By default the Jacobian is formed
         (``jax.jacfwd``) and solved densely.
       vmap: how the host solver batches: ``"sequential"`` (one solve per row,
-        the default), ``"vectorized"`` or a vmap rule, as in ``ab.bind``.
+        the default), ``"expand_dims"``, ``"broadcast_all"`` or a vmap rule, as in
+        ``ab.bind``.
       name: a name for the ops; defaults to the solver's.
 
     ``x0`` is a keyword operand: not differentiated (the root does not depend on

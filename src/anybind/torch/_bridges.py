@@ -39,6 +39,7 @@ import torch
 from jax import tree_util
 
 from .. import _api
+from .._api import Op
 from ..core import _closures, _frontends, _sharding
 from ..core._jax import ShapedArray
 from ..core._op import MODES, core_of, is_mode
@@ -86,7 +87,7 @@ BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
                shard: str | None = None, replicated: tuple[str, ...] = (),
                examples: Callable[[], tuple] | None = None,
-               return_state: bool = False) -> _api.Op:
+               return_state: bool = False) -> Op:
     """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
 
     Args:
@@ -101,9 +102,13 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         (``.item()``, a module made inside), one run on example inputs.
       name: the primitive's name; by default the function's (or module class's).
       vmap: how ``jax.vmap`` batches it: ``None`` (``torch.vmap``, one call per
-        batch), ``"sequential"``, ``"vectorized"``, or a rule
+        batch), ``"sequential"``, ``"expand_dims"``, ``"broadcast_all"`` (as for
+        ``ab.bind``), or a rule
         ``(axis_size, in_batched, *args, **kw) -> (out, out_batched)`` on tensors.
-      shard, replicated, examples: as for ``ab.bind``.
+      shard: a sharding rule, as for ``ab.bind``: run per shard on many devices.
+      replicated: names of ``shard``'s axes that are not split, as for ``ab.bind``.
+      examples: a callable that returns example arguments, as for ``ab.bind``
+        (``ab.check(op)`` then runs without arguments).
       return_state: for a module: the op returns ``(out, state)``, ``state`` the
         buffers after the call, so that a module in train mode (a batch norm
         updating its running statistics) trains functionally.

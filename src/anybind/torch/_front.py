@@ -292,8 +292,8 @@ class TorchOp:
     the JAX op; works under autograd, ``torch.func`` and ``torch.compile``.
 
     >>> import anybind as ab, numpy as np, torch
-    >>> sin = ab.bind(np.sin, shape=ab.like(0), vmap="vectorized", name="sin")
-    >>> cos = ab.bind(np.cos, shape=ab.like(0), vmap="vectorized", name="cos")
+    >>> sin = ab.bind(np.sin, shape=ab.like(0), vmap="expand_dims", name="sin")
+    >>> cos = ab.bind(np.cos, shape=ab.like(0), vmap="expand_dims", name="cos")
     >>> _ = sin.def_jvp(lambda p, t: cos(p[0]) * t[0], traced=True)
     >>> _ = cos.def_jvp(lambda p, t: -sin(p[0]) * t[0], traced=True)
     >>> x = torch.tensor([0.5, 1.0], dtype=torch.float64)
