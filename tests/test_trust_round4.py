@@ -1,0 +1,142 @@
+"""Trust, round 4: host code that calls ops nests to the documented depth on the first
+eager call and never deadlocks across threads; bad input to the finufft drop-in,
+tampered exported programs and unclear errors; temporary folders cleaned up.
+
+Anything that could crash or hang runs in a fresh process (``run_fresh_python``),
+so that a segfault or a hang fails the test instead of ending the run.
+"""
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import anybind as ab
+from anybind.routes import _host
+from helpers import fresh_stdout, run_fresh_python
+
+# ------------------------------------------- host code that calls ops, nested
+
+
+def _countdown():
+    """An op whose host function calls itself on x - 1 until x[0] reaches 0: f(x) = x."""
+    @ab.bind(shape=ab.like(0))
+    def countdown(x):
+        if x[0] <= 0:
+            return np.asarray(x)
+        return np.asarray(countdown(jnp.asarray(x - 1))) + 1
+    return countdown
+
+
+@pytest.mark.parametrize("depth", [2, 6, _host.MAX_NESTING])
+def test_recursion_works_on_the_first_eager_call(depth):
+    f = _countdown()  # a fresh op: its eager program's first call is this one
+    np.testing.assert_array_equal(f(jnp.array([depth - 1.0])), [depth - 1.0])
+    np.testing.assert_array_equal(f(jnp.array([depth - 1.0])), [depth - 1.0])
+    np.testing.assert_array_equal(jax.jit(f)(jnp.array([depth - 1.0])), [depth - 1.0])
+
+
+def test_recursion_past_the_limit_names_it():
+    f = _countdown()
+    with pytest.raises(ab.HostError, match="MAX_NESTING"):
+        f(jnp.array([float(_host.MAX_NESTING)]))
+
+
+def test_mutual_recursion_works_on_the_first_eager_call():
+    @ab.bind(shape=ab.like(0))
+    def even(x):
+        return np.asarray(x) if x[0] <= 0 else np.asarray(odd(jnp.asarray(x - 1))) + 1
+
+    @ab.bind(shape=ab.like(0))
+    def odd(x):
+        return np.asarray(x) if x[0] <= 0 else np.asarray(even(jnp.asarray(x - 1))) + 1
+
+    np.testing.assert_array_equal(even(jnp.array([9.0])), [9.0])
+    np.testing.assert_array_equal(odd(jnp.array([14.0])), [14.0])
+
+
+def test_recursion_on_a_first_call_from_many_threads():
+    # Each thread's first call of the same eager program, nested: none waits on another.
+    f, out, errors = _countdown(), {}, []
+    start = threading.Barrier(4)
+
+    def work(i):
+        try:
+            start.wait(timeout=30)
+            out[i] = float(f(jnp.array([4.0]))[0])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and out == {i: 4.0 for i in range(4)}
+
+
+def test_nested_host_calls_that_would_hold_every_computation_are_refused():
+    # Thread A holds 15 running host calls, nested; thread B nests until the process
+    # would run more than MAX_RUNNING at once: its call is refused, naming the limit,
+    # instead of waiting forever on a computation XLA will not start.
+    deep = threading.Event()
+    release = threading.Event()
+
+    @ab.bind(shape=ab.like(0))
+    def hold(x):
+        if x[0] <= 0:
+            deep.set()
+            assert release.wait(timeout=60)
+            return np.asarray(x)
+        return np.asarray(hold(jnp.asarray(x - 1))) + 1
+
+    f = _countdown()
+    out = {}
+    a = threading.Thread(target=lambda: out.setdefault("a", hold(jnp.array([14.0]))))
+    a.start()
+    try:
+        assert deep.wait(timeout=60)
+        with pytest.raises(ab.HostError, match=r"host call 25 running at once.*MAX_RUNNING"):
+            f(jnp.array([14.0]))
+        np.testing.assert_array_equal(f(jnp.array([8.0])), [8.0])  # 15 + 9 = 24: allowed
+    finally:
+        release.set()
+        a.join(timeout=60)
+    np.testing.assert_array_equal(out["a"], [14.0])
+    assert _host._running == [0]
+
+
+_THREADS_NESTING = """
+    import threading
+    import jax, jax.numpy as jnp, numpy as np
+    import anybind as ab
+
+    @ab.bind(shape=ab.like(0))
+    def f(x):
+        if x[0] <= 0:
+            return np.asarray(x)
+        return np.asarray(f(jnp.asarray(x - 1))) + 1
+
+    out, refused = {}, []
+    def work(i):
+        for _ in range(3):
+            try:
+                out[i] = float(f(jnp.array([14.0]))[0])
+            except ab.HostError as e:
+                assert "MAX_RUNNING" in str(e), e
+                refused.append(i)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert all(v == 14.0 for v in out.values()), out
+    print("done", len(out), len(refused))
+"""
+
+
+@pytest.mark.slow
+def test_threads_nesting_host_calls_never_deadlock():
+    # Four threads, each nesting eager host calls 15 deep (4 x 15 > the 32 computations
+    # XLA's CPU device runs at once): before, 6 of 14 runs hung.
+    for _ in range(12):
+        res = run_fresh_python(_THREADS_NESTING, timeout=120)
+        assert fresh_stdout(res).startswith("done")
