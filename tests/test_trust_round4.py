@@ -140,3 +140,51 @@ def test_threads_nesting_host_calls_never_deadlock():
     for _ in range(12):
         res = run_fresh_python(_THREADS_NESTING, timeout=120)
         assert fresh_stdout(res).startswith("done")
+
+
+# ------------------------------------------- finufft drop-in: type 3 near ducc0's limits
+
+def _nudft3(c, xs, ss, sign):
+    phase = sum(np.multiply.outer(t, x) for x, t in zip(xs, ss))  # (N, M)
+    return np.exp(sign * 1j * phase) @ c
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("path", ["nufft3", "batched", "plan3", "nu2nu"])
+def test_type3_single_precision_below_the_limit_runs_in_double(nd, path):
+    ducc0 = pytest.importorskip("ducc0")
+    from anybind.contrib.ducc0 import nu2nu
+    from anybind.contrib.finufft import Plan3, nufft3
+    best = ducc0.nufft.bestEpsilon(ndim=nd, singleprec=True, sigma_min=1.19, sigma_max=2.51)
+    r = np.random.default_rng(nd)
+    xs = [r.uniform(0, 2 * np.pi, (2, 40)).astype(np.float32) for _ in range(nd)]
+    ss = [r.uniform(-3, 3, (2, 30)).astype(np.float32) for _ in range(nd)]
+    c = (r.normal(size=(2, 40)) + 1j * r.normal(size=(2, 40))).astype(np.complex64)
+    for eps in (1.5 * best, 1e-6, 2.5 * best):  # below type 3's limit (2 x best), and above
+        if path == "nufft3":
+            got = nufft3(c[0], *(x[0] for x in xs), *(s[0] for s in ss), eps=eps)[None]
+        elif path == "batched":
+            got = nufft3(c, *xs, *ss, eps=eps)
+        elif path == "plan3":
+            got = Plan3(*(x[0] for x in xs), *(s[0] for s in ss), eps=eps).nufft3(c[0])[None]
+        else:
+            got = nu2nu(c[0], np.stack([x[0] for x in xs], -1), np.stack([s[0] for s in ss], -1),
+                        epsilon=eps)[None]
+        assert got.dtype == np.complex64
+        for b in range(got.shape[0]):
+            want = _nudft3(c[b].astype(complex), [x[b].astype(float) for x in xs],
+                           [s[b].astype(float) for s in ss], -1)
+            np.testing.assert_allclose(got[b], want, atol=max(eps, 1e-6) * 50 * abs(want).max())
+
+
+@pytest.mark.parametrize("nd", [1, 3])
+def test_type3_double_precision_at_the_smallest_eps(nd):
+    pytest.importorskip("ducc0")
+    from anybind.contrib.finufft import Plan3, nufft3
+    r = np.random.default_rng(nd)
+    xs = [r.uniform(0, 2 * np.pi, 40) for _ in range(nd)]
+    ss = [r.uniform(-3, 3, 30) for _ in range(nd)]
+    c = r.normal(size=40) + 1j * r.normal(size=40)
+    want = _nudft3(c, xs, ss, -1)
+    for got in (nufft3(c, *xs, *ss, eps=1e-16), Plan3(*xs, *ss, eps=1e-16).nufft3(c)):
+        np.testing.assert_allclose(got, want, atol=1e-11 * abs(want).max())

@@ -120,17 +120,20 @@ def _best_single(ndim: int, sigma_min: float, sigma_max: float) -> float:
                                    sigma_max=sigma_max)
 
 
-def in_double(dtype, ndim: int, kw: dict) -> bool:
-    """Whether single-precision data asks for an accuracy ducc0 reaches only in double."""
-    return np.dtype(dtype) == np.complex64 and _eps(dtype, kw.get("epsilon")) < _best_single(
-        ndim, float(kw.get("sigma_min", 1.19)), float(kw.get("sigma_max", 2.51)))
+def in_double(dtype, ndim: int, kw: dict, stages: int = 1) -> bool:
+    """Whether single-precision data asks for an accuracy ducc0 reaches only in double.
+
+    ``stages``: 2 for type 3, which spends half its ``epsilon`` on each of its two
+    spreading stages, so that its single-precision limit is twice type 1's and 2's."""
+    return np.dtype(dtype) == np.complex64 and _eps(dtype, kw.get("epsilon")) < stages * (
+        _best_single(ndim, float(kw.get("sigma_min", 1.19)), float(kw.get("sigma_max", 2.51))))
 
 
-def run(transform, dtype, ndim: int, kw: dict, out, **arrays) -> None:
+def run(transform, dtype, ndim: int, kw: dict, out, stages: int = 1, **arrays) -> None:
     """``transform(**arrays, **ducc0 keywords)`` into ``out`` (the keyword named by
     ``out``'s only key), in double precision where ``in_double``, then rounded."""
     (out_name, target), = out.items()
-    if in_double(dtype, ndim, kw):
+    if in_double(dtype, ndim, kw, stages):
         arrays = {k: a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
                   for k, a in arrays.items()}
         wide = np.empty(target.shape, np.complex128)

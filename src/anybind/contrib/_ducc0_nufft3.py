@@ -57,7 +57,7 @@ def _check(data, coord_in, coord_out) -> None:
 def _nu2nu_fn(values, coord_in, coord_out, *, out, **kw) -> None:
     """values (..., M) at coord_in (M, D) ↦ (..., N) at coord_out (N, D), into out."""
     run(ducc0.nufft.experimental.nu2nu, values.dtype, coord_in.shape[1], kw,
-        {"points_out": reshaped(out, (-1, coord_out.shape[0]))},
+        {"points_out": reshaped(out, (-1, coord_out.shape[0]))}, stages=2,
         points_in=values.reshape((-1, values.shape[-1])), coord_in=coord_in,
         coord_out=coord_out)
 

@@ -47,7 +47,8 @@ def _level(where: str, opts, nufft_type: int, ndim: int, eps: float, iflag: int)
     # every keyword explicit, so that one level's never leaks into the next (``reverse``)
     kw = dict(sigma_min=1.19, sigma_max=2.51, verbosity=0)
     kw.update(ducc0_keywords(unpack_opts(opts, nufft_type, True), where))
-    best = _best_double(ndim, kw["sigma_min"], kw["sigma_max"])
+    # type 3 spends half its epsilon on each of its two spreading stages
+    best = _best_double(ndim, kw["sigma_min"], kw["sigma_max"]) * (2 if nufft_type == 3 else 1)
     kw.update(forward=iflag < 0, epsilon=max(float(eps), 1.01 * best))
     if nufft_type == 3:
         kw.pop("fft_order")  # no grid

@@ -194,7 +194,7 @@ class Plan3:
         self.dtype = np.result_type(src[0].dtype, np.complex64)
         self.n_points, self.n_targets = src[0].shape[0], dst[0].shape[0]
         kw = keywords(where, opts, 3, nd, eps, -1)
-        double = in_double(self.dtype, nd, kw)
+        double = in_double(self.dtype, nd, kw, stages=2)
         real = np.float64 if double else src[0].dtype
         plan = ducc0.nufft.experimental.plan3(
             coord_in=np.stack(src, -1).astype(real), coord_out=np.stack(dst, -1).astype(real),
