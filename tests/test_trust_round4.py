@@ -188,3 +188,38 @@ def test_type3_double_precision_at_the_smallest_eps(nd):
     want = _nudft3(c, xs, ss, -1)
     for got in (nufft3(c, *xs, *ss, eps=1e-16), Plan3(*xs, *ss, eps=1e-16).nufft3(c)):
         np.testing.assert_allclose(got, want, atol=1e-11 * abs(want).max())
+
+
+# ------------------------------------------- finufft drop-in: jax-finufft's import paths
+
+def test_finufft_options_is_a_module_as_in_jax_finufft():
+    pytest.importorskip("ducc0")
+    import importlib
+
+    from anybind.contrib import finufft
+    from anybind.contrib.finufft import options
+    from anybind.contrib.finufft.options import NestedOpts, Opts, unpack_opts
+    assert importlib.import_module("anybind.contrib.finufft.options") is options
+    assert finufft.options is options and finufft.Opts is Opts is options.Opts
+    assert finufft.NestedOpts is NestedOpts and finufft.unpack_opts is unpack_opts
+    for name in options.__all__:
+        assert getattr(finufft, name) is getattr(options, name), name
+    for name in finufft.__all__:  # every name the drop-in had still imports
+        assert hasattr(finufft, name), name
+    # the options reach the transform: modeord=1 is FFT order
+    x = np.linspace(-3, 3, 11)
+    c = np.exp(1j * x)
+    centred = finufft.nufft1(6, c, x, eps=1e-12)
+    fft_order = finufft.nufft1(6, c, x, eps=1e-12, opts=Opts(modeord=1))
+    np.testing.assert_allclose(fft_order, np.fft.ifftshift(centred), atol=1e-9)
+
+
+def test_finufft_options_import_in_a_fresh_process():
+    res = run_fresh_python("""
+        from anybind.contrib.finufft.options import Opts, NestedOpts
+        import anybind.contrib.finufft.options as o
+        from anybind.contrib.finufft import Opts as O2, options
+        assert Opts is O2 and o is options
+        print("ok", Opts(modeord=1).modeord)
+    """, timeout=300)
+    assert fresh_stdout(res).strip() == "ok 1"
