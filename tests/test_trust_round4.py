@@ -223,3 +223,126 @@ def test_finufft_options_import_in_a_fresh_process():
         print("ok", Opts(modeord=1).modeord)
     """, timeout=300)
     assert fresh_stdout(res).strip() == "ok 1"
+
+
+# ------------------------------------------- finufft drop-in: NaN, infinite and no points
+
+def _direct(kind, c, xs, ss=None, n_modes=None, sign=-1):
+    """The direct sums, in NumPy with NaN propagating as IEEE says (no fast path)."""
+    with np.errstate(invalid="ignore"):
+        if kind == 1:
+            ks = [np.arange(-(n // 2), (n + 1) // 2) for n in n_modes]
+            grids = np.meshgrid(*ks, indexing="ij")
+            phase = sum(np.multiply.outer(k, x) for k, x in zip(grids, xs))  # (*modes, M)
+            return (np.exp(sign * 1j * phase) * c).sum(-1)
+        if kind == 2:
+            ks = [np.arange(-(n // 2), (n + 1) // 2) for n in c.shape]
+            grids = np.meshgrid(*ks, indexing="ij")
+            phase = sum(np.multiply.outer(x, k) for k, x in zip(grids, xs))  # (M, *modes)
+            return (np.exp(sign * 1j * phase) * c).reshape(len(xs[0]), -1).sum(-1)
+        phase = sum(np.multiply.outer(t, x) for x, t in zip(xs, ss))
+        return (np.exp(sign * 1j * phase) * c).sum(-1)
+
+
+def _same_nans(got, want, atol=1e-8):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], atol=atol * max(1, abs(want[ok]).max(initial=0)))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("transform", [jax.jit, lambda f: f])
+def test_finufft_non_finite_points_give_the_direct_sums_nan(bad, transform):
+    pytest.importorskip("ducc0")
+    from anybind.contrib.finufft import nufft1, nufft2, nufft3
+    r = np.random.default_rng(0)
+    x, y = r.uniform(-3, 3, 12), r.uniform(-3, 3, 12)
+    s = r.uniform(-2, 2, 7)
+    c = r.normal(size=12) + 1j * r.normal(size=12)
+    f = r.normal(size=(6, 5)) + 1j * r.normal(size=(6, 5))
+    xb = x.copy()
+    xb[4] = bad
+    sb = s.copy()
+    sb[2] = bad
+    t1 = transform(lambda c, x, y: nufft1((6, 5), c, x, y, eps=1e-12, iflag=-1))
+    t2 = transform(lambda f, x, y: nufft2(f, x, y, eps=1e-12))
+    t3 = transform(lambda c, x, s: nufft3(c, x, s, eps=1e-12))
+    _same_nans(t1(c, xb, y), _direct(1, c, [xb, y], n_modes=(6, 5)))
+    assert np.isnan(t1(c, xb, y)).all()
+    _same_nans(t2(f, xb, y), _direct(2, f, [xb, y]))
+    _same_nans(t3(c, xb, s), _direct(3, c, [xb], [s]))
+    _same_nans(t3(c, x, sb), _direct(3, c, [x], [sb]))
+    assert np.isnan(t3(c, x, sb)).sum() == 1
+    # a zero value at the bad point: 0·NaN is NaN in the direct sum too
+    c0 = c.copy()
+    c0[4] = 0
+    assert np.isnan(t1(c0, xb, y)).all()
+
+
+def test_finufft_non_finite_points_only_spoil_their_own_batch_row():
+    pytest.importorskip("ducc0")
+    from anybind.contrib.finufft import nufft1, nufft2
+    r = np.random.default_rng(1)
+    x = r.uniform(-3, 3, (3, 12))
+    x[1, 5] = np.nan
+    c = r.normal(size=(3, 12)) + 1j * r.normal(size=(3, 12))
+    out = np.asarray(jax.vmap(lambda c, x: nufft1(8, c, x, eps=1e-12, iflag=-1))(c, x))
+    assert np.isnan(out[1]).all() and not np.isnan(out[[0, 2]]).any()
+    _same_nans(out[0], _direct(1, c[0], [x[0]], n_modes=(8,)))
+    f = r.normal(size=(3, 8)) + 1j * r.normal(size=(3, 8))
+    out2 = np.asarray(nufft2(f, x, eps=1e-12))
+    assert np.isnan(out2).sum() == 1 and np.isnan(out2[1, 5])
+
+
+def test_finufft_plan_with_a_non_finite_point_is_an_error_naming_it():
+    pytest.importorskip("ducc0")
+    from anybind.contrib.finufft import Plan, Plan3
+    x = np.linspace(-1, 1, 6)
+    x[2] = np.inf
+    with pytest.raises(ValueError, match=r"finufft.Plan: point array 0 has a NaN or infinite"):
+        Plan(8, x)
+    with pytest.raises(ValueError, match=r"finufft.Plan3: point array 0 has a NaN"):
+        Plan3(np.linspace(-1, 1, 4), np.array([0.0, np.nan]))
+
+
+def test_finufft_no_points_give_the_empty_sum():
+    pytest.importorskip("ducc0")
+    from anybind.contrib.ducc0 import nu2nu, nu2u, u2nu
+    from anybind.contrib.finufft import Plan, Plan3, nufft1, nufft2, nufft3
+    none, cnone = np.zeros(0), np.zeros(0, complex)
+    g = np.ones((4, 3), complex)
+    np.testing.assert_array_equal(nufft1((4, 3), cnone, none, none), np.zeros((4, 3)))
+    np.testing.assert_array_equal(nufft1(5, np.zeros((2, 0), complex), none), np.zeros((2, 5)))
+    assert nufft2(g, none, none).shape == (0,)
+    np.testing.assert_array_equal(nufft3(cnone, none, np.ones(3)), np.zeros(3))
+    assert nufft3(np.ones(3, complex), np.ones(3), none).shape == (0,)
+    np.testing.assert_array_equal(Plan(5, none).nufft1(cnone), np.zeros(5))
+    assert Plan(5, none).nufft2(np.ones(5, complex)).shape == (0,)
+    np.testing.assert_array_equal(Plan3(none, np.ones(3)).nufft3(cnone), np.zeros(3))
+    assert Plan3(np.ones(2), none).nufft3(np.ones(2, complex)).shape == (0,)
+    np.testing.assert_array_equal(nu2u(cnone, np.zeros((0, 1)), n_modes=(4,)), np.zeros(4))
+    assert u2nu(np.ones(4, complex), np.zeros((0, 1))).shape == (0,)
+    np.testing.assert_array_equal(nu2nu(cnone, np.zeros((0, 1)), np.ones((2, 1))), np.zeros(2))
+    # gradients of an empty sum: zero, and empty
+    gx = jax.grad(lambda s: jnp.sum(jnp.abs(nufft3(cnone, none, s)) ** 2))(np.ones(3))
+    np.testing.assert_array_equal(gx, np.zeros(3))
+    gp = jax.grad(lambda x: jnp.sum(jnp.abs(nufft2(g, x, x)) ** 2))(none)
+    assert gp.shape == (0,)
+
+
+def test_finufft_no_modes_is_an_error_naming_nufft2():
+    pytest.importorskip("ducc0")
+    from anybind.contrib.ducc0 import u2nu
+    from anybind.contrib.finufft import nufft1, nufft2
+    x = np.zeros(3)
+    with pytest.raises(ValueError, match="finufft.nufft2: the source's 2 trailing axes are "
+                                         "the modes"):
+        nufft2(np.ones((4, 0), complex), x, x)
+    with pytest.raises(ValueError, match="finufft.nufft2"):
+        jax.jit(nufft2)(np.ones(0, complex), x)
+    with pytest.raises(ValueError, match="finufft.nufft1: output_shape"):
+        nufft1(0, np.ones(3, complex), x)
+    with pytest.raises(TypeError, match="'u2nu'.*the modes"):
+        u2nu(np.ones((2, 0), complex), np.zeros((3, 1)))

@@ -161,6 +161,9 @@ def nufft2(source: ArrayLike, *points: ArrayLike, eps: float = 1e-6, iflag: int 
     if source.ndim < ndim:
         raise ValueError(f"{where}: a {ndim}-dimensional transform needs a source with at "
                          f"least {ndim} axes (the modes), got shape {source.shape}")
+    if 0 in source.shape[source.ndim - ndim:]:
+        raise ValueError(f"{where}: the source's {ndim} trailing axes are the modes, each of "
+                         f"at least one, got shape {source.shape}")
     index, source, *points = broadcast_and_flatten_inputs(2, None, source, *points)
     kw = keywords(where, opts, 2, ndim, eps, iflag)
     out = _per_batch(u2nu, source, [jnp.stack(points, axis=-1)], **kw)
