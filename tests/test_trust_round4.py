@@ -346,3 +346,46 @@ def test_finufft_no_modes_is_an_error_naming_nufft2():
         nufft1(0, np.ones(3, complex), x)
     with pytest.raises(TypeError, match="'u2nu'.*the modes"):
         u2nu(np.ones((2, 0), complex), np.zeros((3, 1)))
+
+
+# ------------------------------------------- the shim's temporary build folders
+
+_SHIM_IN_A_TEMPORARY_FOLDER = """
+    import os
+    from anybind.routes import _shimlib
+    _shimlib._installed = lambda: None  # as an install that built no shim
+    lib = _shimlib.load.__wrapped__()  # built into a temporary folder, loaded, removed
+    left = sorted(os.listdir(os.environ["TMPDIR"]))
+    # the library stays usable once its file is gone
+    assert lib.anybind_shim_version() == _shimlib.SHIM_VERSION
+    assert lib.anybind_api_version() > 0
+    print("LOADED", left)
+"""
+
+
+@pytest.mark.slow  # starts processes
+def test_a_shim_built_in_a_temporary_folder_leaves_nothing_behind(tmp_path):
+    import os
+    import shutil
+    if shutil.which("cc") is None and not os.environ.get("CC"):
+        pytest.skip("no C compiler to build the shim")
+    shared = tmp_path / "cache"
+    (shared / "anybind").mkdir(parents=True)
+    os.chmod(shared / "anybind", 0o777)  # open to others: the shim is built elsewhere
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"XDG_CACHE_HOME": str(shared), "TMPDIR": str(tmp)}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        for _ in range(3):
+            out = fresh_stdout(run_fresh_python(_SHIM_IN_A_TEMPORARY_FOLDER, timeout=300))
+            assert "LOADED []" in out, out
+            assert not [p for p in tmp.iterdir() if p.name.startswith("anybind-shim-")]
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    assert not list((shared / "anybind").iterdir())  # nothing went into the open folder
