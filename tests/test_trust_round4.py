@@ -5,6 +5,7 @@ tampered exported programs and unclear errors; temporary folders cleaned up.
 Anything that could crash or hang runs in a fresh process (``run_fresh_python``),
 so that a segfault or a hang fails the test instead of ending the run.
 """
+import re
 import threading
 
 import jax
@@ -389,3 +390,47 @@ def test_a_shim_built_in_a_temporary_folder_leaves_nothing_behind(tmp_path):
             else:
                 os.environ[k] = v
     assert not list((shared / "anybind").iterdir())  # nothing went into the open folder
+
+
+# ------------------------------------------- traced rules that need concrete values
+
+def _numpy_rule_ops():
+    vjp = ab.bind(lambda x: jnp.sin(x), traced=True, name="traced_numpy_vjp",
+                  vjp=lambda p, ct: (np.cos(p[0]) * ct,))
+    jvp = ab.bind(lambda x: jnp.sin(x), traced=True, name="traced_numpy_jvp",
+                  jvp=lambda p, t: np.cos(p[0]) * t[0])
+    branch = ab.bind(lambda x: jnp.sin(x), traced=True, name="traced_branch_vjp",
+                     vjp=lambda p, ct: (ct if float(p[0][0]) > 0 else -ct,))
+    return {"vjp rule": vjp, "jvp rule": jvp, "vjp rule ": branch}
+
+
+@pytest.mark.parametrize("how", ["grad", "jit", "export"])
+def test_a_traced_rule_that_needs_concrete_values_names_the_op_and_rule(how):
+    x = jnp.arange(1.0, 4.0)
+    for rule, op in _numpy_rule_ops().items():
+        g = jax.grad(lambda x, op=op: op(x).sum())
+        run = {"grad": g, "jit": jax.jit(g),
+               "export": lambda x, g=g: jax.export.export(jax.jit(g))(x)}[how]
+        match = rf"anybind op '{op.name}': its {rule.strip()} is traced .* needs a concrete value"
+        if how == "grad":  # eager: the rule may see concrete values, and then it is right
+            try:
+                np.testing.assert_allclose(run(x), np.cos(x) if "numpy" in op.name else 1.0)
+            except TypeError as e:
+                assert re.search(match, str(e)), e
+            continue
+        with pytest.raises(TypeError, match=match):
+            run(x)
+
+
+def test_a_traced_function_that_needs_concrete_values_names_the_op():
+    op = ab.bind(lambda x: np.sin(x), traced=True, name="traced_numpy_fn", shape=ab.like(0))
+    with pytest.raises(TypeError, match="anybind op 'traced_numpy_fn': its function is traced"):
+        jax.jit(op)(jnp.arange(3.0))
+    # the same rule as a host rule works, under jit and export's refusal names it
+    good = ab.bind(lambda x: jnp.sin(x), traced=True, name="host_vjp_ok")
+    good.def_vjp(lambda p, ct: (np.cos(p[0]) * ct,))
+    x = jnp.arange(1.0, 4.0)
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: good(x).sum()))(x), np.cos(x))
+    with pytest.raises(ValueError, match="anybind op 'host_vjp_ok': its vjp rule is Python "
+                                         "host code, which jax.export cannot serialise"):
+        jax.export.export(jax.jit(jax.grad(lambda x: good(x).sum())))(x)
