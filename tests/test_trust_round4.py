@@ -434,3 +434,37 @@ def test_a_traced_function_that_needs_concrete_values_names_the_op():
     with pytest.raises(ValueError, match="anybind op 'host_vjp_ok': its vjp rule is Python "
                                          "host code, which jax.export cannot serialise"):
         jax.export.export(jax.jit(jax.grad(lambda x: good(x).sum())))(x)
+
+
+# ------------------------------------------- to_torch: an error in JAX's backward
+
+def _failing_backward():
+    @jax.custom_vjp
+    def bad_bwd(x):
+        return jnp.sin(x)
+    bad_bwd.defvjp(lambda x: (jnp.sin(x), x),
+                   lambda r, ct: (_ for _ in ()).throw(ValueError("no backward here")))
+    return bad_bwd
+
+
+@pytest.mark.parametrize("how", ["backward", "autograd.grad", "create_graph", "func.grad"])
+def test_to_torch_backward_error_names_the_op(how):
+    torch = pytest.importorskip("torch")
+    op = ab.to_torch(_failing_backward())
+    x = torch.arange(3.0, dtype=torch.float64, requires_grad=True)
+    # the op's vjp rule, or under create_graph its derived vjp op's function
+    with pytest.raises(ab.HostError, match=r"anybind op 'bad_bwd(': the vjp rule|_vjp': the "
+                                           r"function).*raised ValueError: no backward here"):
+        if how == "backward":
+            op(x).sum().backward()
+        elif how == "autograd.grad":
+            torch.autograd.grad(op(x).sum(), x)
+        elif how == "create_graph":
+            torch.autograd.grad(op(x).sum(), x, create_graph=True)
+        else:
+            torch.func.grad(lambda x: op(x).sum())(x.detach())
+    # the forward alone still runs, and a good backward still gives the right gradient
+    np.testing.assert_allclose(op(x).detach().numpy(), np.sin(np.arange(3.0)))
+    good = ab.to_torch(jnp.sin)
+    g, = torch.autograd.grad(good(x).sum(), x)
+    np.testing.assert_allclose(g.numpy(), np.cos(np.arange(3.0)))
