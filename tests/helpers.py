@@ -173,9 +173,10 @@ def jvp_and_vjp(fs, args, dargs, ybar):
     return jax.jit(run)(args, dargs, ybar)
 
 
-def run_fresh_python(script: str, cwd=None):
+def run_fresh_python(script: str, cwd=None, timeout: float = 600):
     """Run ``script`` in a new Python process that imports this checkout's anybind and
-    the tests' modules; returns the ``subprocess.CompletedProcess``."""
+    the tests' modules; returns the ``subprocess.CompletedProcess`` (``timeout``
+    seconds, then ``subprocess.TimeoutExpired``)."""
     import os
     import subprocess
     import sys
@@ -188,7 +189,7 @@ def run_fresh_python(script: str, cwd=None):
                                       os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def fresh_stdout(res) -> str:

@@ -261,3 +261,27 @@ def test_info_runs_as_a_user_runs_it():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Python FFI handler" in r.stdout and "jax window" in r.stdout
     assert r.stdout.startswith(f"anybind {anybind.__version__}")
+
+
+def test_info_says_when_the_shim_cache_cannot_be_created(monkeypatch, capsys, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    cases = {str(tmp_path / "a-file"): "is not a folder",
+             str(tmp_path / "a-file" / "below"): "is not a folder",
+             "/proc/anybind-probe": "cannot be made in /proc"}
+    for home, why in cases.items():
+        monkeypatch.setenv("XDG_CACHE_HOME", home)
+        cache = _info_json(capsys)[1]["shim_cache"]
+        assert not cache["exists"] and cache["creatable"] is False, cache
+        assert "cannot be created" in cache["state"] and why in cache["state"], cache
+        assert "the first build creates it" not in cache["state"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "new" / "deeper"))
+    cache = _info_json(capsys)[1]["shim_cache"]
+    assert cache["creatable"] and "the first build creates it" in cache["state"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing was made
+    # a folder that is not writable (as another user would find it; root writes anyway)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(locked))
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != str(locked))
+    cache = _info_json(capsys)[1]["shim_cache"]
+    assert "cannot be created" in cache["state"] and "is not writable" in cache["state"]

@@ -559,6 +559,29 @@ def test_batched_points_grad():
                     jax.grad(ref, argnums=argnums)(c, xyz, stu), 1e-5)
 
 
+# ported from jax-finufft tests/ops_test.py::test_batched_points_grad, as it runs there
+# (x64 off): single precision at the default eps 1e-6, which for a 3-D type 3 is below
+# ducc0's single-precision limit (type 3 spends half of eps on each spreading stage)
+def test_batched_points_grad_single_precision():
+    M, N, D, B = 100, 200, 3, 4
+    random = np.random.default_rng(123)
+    xyz = (2 * np.pi * random.uniform(size=(B, D, M))).astype(np.float32)
+    stu = random.uniform(-1.0, 1.0, size=(B, D, N)).astype(np.float32)
+    c = (random.normal(size=(B, M)) + 1j * random.normal(size=(B, M))).astype(np.complex64)
+
+    def norm_nufft3(c, xyz, stu, f=nufft3):
+        return jnp.linalg.norm(f(c, *(xyz[:, i, :] for i in range(D)),
+                                 *(stu[:, i, :] for i in range(D))))
+
+    wide = [a.astype(np.complex128 if a.dtype == np.complex64 else np.float64)
+            for a in (c, xyz, stu)]
+    ref = partial(norm_nufft3, f=lambda c, *p: nudft3(c, p[:D], p[D:], -1))
+    for argnums in (0, 1, 2):
+        got = jax.grad(norm_nufft3, argnums=argnums)(c, xyz, stu)
+        assert got.dtype == (np.complex64 if argnums == 0 else np.float32)
+        check_close(got, jax.grad(ref, argnums=argnums)(*wide), 1e-4)
+
+
 # ------------------------------------------------------------------ errors
 
 def test_bad_input_is_a_clear_error():

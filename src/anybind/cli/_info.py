@@ -28,6 +28,7 @@ import platform
 import re
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 
 CORE = ("jax", "jaxlib", "numpy")
@@ -175,6 +176,25 @@ def gpu() -> dict:
             else "no GPU seen by JAX: everything runs on the CPU"}
 
 
+def _why_not_creatable(path: Path) -> str | None:
+    """Why the folder ``path`` cannot be made, or None: its nearest existing ancestor
+    must be a folder this user may write, where a folder can really be made (tried
+    with a temporary one, removed at once: /proc and read-only mounts pass the
+    permission check)."""
+    ancestor = path.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"{ancestor} is not writable by this user"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".anybind-info-", dir=ancestor))
+    except OSError as e:
+        return f"a folder cannot be made in {ancestor} ({e.strerror or e})"
+    return None
+
+
 def shim_cache() -> dict:
     """Where shims built at first use go, and what is there (nothing is created)."""
     from ..routes import _shimlib
@@ -183,7 +203,13 @@ def shim_cache() -> dict:
     try:
         st = os.lstat(path)
     except OSError:
-        out["state"] = "absent: the first build creates it, readable by this user only"
+        why = _why_not_creatable(path)
+        out["creatable"] = why is None
+        out["state"] = ("absent: the first build creates it, readable by this user only"
+                        if why is None else
+                        f"absent, and it cannot be created: {why}; builds go to a "
+                        f"temporary directory, removed once loaded (set XDG_CACHE_HOME to "
+                        f"a folder of yours to keep them)")
         return out
     out["exists"] = True
     private = (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()

@@ -120,17 +120,20 @@ def _best_single(ndim: int, sigma_min: float, sigma_max: float) -> float:
                                    sigma_max=sigma_max)
 
 
-def in_double(dtype, ndim: int, kw: dict) -> bool:
-    """Whether single-precision data asks for an accuracy ducc0 reaches only in double."""
-    return np.dtype(dtype) == np.complex64 and _eps(dtype, kw.get("epsilon")) < _best_single(
-        ndim, float(kw.get("sigma_min", 1.19)), float(kw.get("sigma_max", 2.51)))
+def in_double(dtype, ndim: int, kw: dict, stages: int = 1) -> bool:
+    """Whether single-precision data asks for an accuracy ducc0 reaches only in double.
+
+    ``stages``: 2 for type 3, which spends half its ``epsilon`` on each of its two
+    spreading stages, so that its single-precision limit is twice type 1's and 2's."""
+    return np.dtype(dtype) == np.complex64 and _eps(dtype, kw.get("epsilon")) < stages * (
+        _best_single(ndim, float(kw.get("sigma_min", 1.19)), float(kw.get("sigma_max", 2.51))))
 
 
-def run(transform, dtype, ndim: int, kw: dict, out, **arrays) -> None:
+def run(transform, dtype, ndim: int, kw: dict, out, stages: int = 1, **arrays) -> None:
     """``transform(**arrays, **ducc0 keywords)`` into ``out`` (the keyword named by
     ``out``'s only key), in double precision where ``in_double``, then rounded."""
     (out_name, target), = out.items()
-    if in_double(dtype, ndim, kw):
+    if in_double(dtype, ndim, kw, stages):
         arrays = {k: a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
                   for k, a in arrays.items()}
         wide = np.empty(target.shape, np.complex128)
@@ -140,18 +143,52 @@ def run(transform, dtype, ndim: int, kw: dict, out, **arrays) -> None:
         transform(**arrays, **{out_name: target}, **_options(dtype, kw))
 
 
+def not_finite(coord) -> np.ndarray:
+    """Which points (rows of coord (M, D)) have a NaN or infinite coordinate."""
+    return ~np.isfinite(coord).all(axis=1)
+
+
+def source_points(out, coord) -> bool:
+    """Whether a transform from the points of coord (M, D) into ``out`` runs in ducc0.
+
+    The direct sum's answers where ducc0 has none: nothing to write (an empty
+    ``out``), zero (no points: an empty sum, which ducc0 refuses), NaN everywhere
+    (a NaN or infinite point: each term it adds is NaN, for a zero value too)."""
+    if out.size == 0:
+        return False
+    if coord.shape[0] == 0:
+        out[...] = 0
+        return False
+    if not_finite(coord).any():
+        out[...] = complex(np.nan, np.nan)
+        return False
+    return True
+
+
+def target_points(out, coord):
+    """``(coord, bad)``: the points of a transform's output, those that are NaN or
+    infinite moved to 0 for ducc0; ``bad`` marks them, whose outputs are NaN."""
+    bad = not_finite(coord)
+    return (np.where(bad[:, None], 0, coord) if bad.any() else coord), bad
+
+
 def _nu2u_fn(values, coord, *, out, n_modes: tuple, **kw) -> None:
     """Type 1: values (..., M) at coord (M, D) ↦ grid (..., *n_modes), into out."""
-    run(ducc0.nufft.nu2u, values.dtype, coord.shape[1], kw,
-        {"out": reshaped(out, (-1,) + tuple(n_modes))},
-        points=values.reshape((-1, values.shape[-1])), coord=coord)
+    if source_points(out, coord):
+        run(ducc0.nufft.nu2u, values.dtype, coord.shape[1], kw,
+            {"out": reshaped(out, (-1,) + tuple(n_modes))},
+            points=values.reshape((-1, values.shape[-1])), coord=coord)
 
 
 def _u2nu_fn(grid, coord, *, out, **kw) -> None:
     """Type 2: grid (..., *n_modes) ↦ values (..., M) at coord (M, D), into out."""
+    if out.size == 0:
+        return
     nd = coord.shape[1]
+    coord, bad = target_points(out, coord)
     run(ducc0.nufft.u2nu, grid.dtype, nd, kw, {"out": reshaped(out, (-1, coord.shape[0]))},
         grid=grid.reshape((-1,) + grid.shape[grid.ndim - nd:]), coord=coord)
+    out[..., bad] = complex(np.nan, np.nan)
 
 
 def _vmap_points(fn):
@@ -182,9 +219,10 @@ def _nu2u_spec(values, coord, *, n_modes, **_):
 def _u2nu_spec(grid, coord, **_):
     _check("u2nu", grid, coord, None)
     nd = coord.shape[1]
-    if len(grid.shape) < nd:
+    if len(grid.shape) < nd or 0 in grid.shape[len(grid.shape) - nd:]:
         raise ValueError(f"anybind op 'u2nu': a {nd}-dimensional grid needs at least {nd} "
-                         f"axes, got {tuple(grid.shape)}")
+                         f"axes, its last {nd} (the modes) of at least one entry each, got "
+                         f"{tuple(grid.shape)}")
     return jax.ShapeDtypeStruct(grid.shape[:len(grid.shape) - nd] + coord.shape[:1], grid.dtype)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import anybind as ab
 
 from . import require, reshaped
-from ._ducc0_nufft import _eps, reverse, run
+from ._ducc0_nufft import _eps, reverse, run, source_points, target_points
 
 ducc0 = require("ducc0", "anybind.contrib.ducc0")
 
@@ -56,10 +56,14 @@ def _check(data, coord_in, coord_out) -> None:
 
 def _nu2nu_fn(values, coord_in, coord_out, *, out, **kw) -> None:
     """values (..., M) at coord_in (M, D) ↦ (..., N) at coord_out (N, D), into out."""
+    if not source_points(out, coord_in):
+        return
+    coord_out, bad = target_points(out, coord_out)
     run(ducc0.nufft.experimental.nu2nu, values.dtype, coord_in.shape[1], kw,
-        {"points_out": reshaped(out, (-1, coord_out.shape[0]))},
+        {"points_out": reshaped(out, (-1, coord_out.shape[0]))}, stages=2,
         points_in=values.reshape((-1, values.shape[-1])), coord_in=coord_in,
         coord_out=coord_out)
+    out[..., bad] = complex(np.nan, np.nan)
 
 
 def _nu2nu_spec(values, coord_in, coord_out, **_):

@@ -47,7 +47,8 @@ def _level(where: str, opts, nufft_type: int, ndim: int, eps: float, iflag: int)
     # every keyword explicit, so that one level's never leaks into the next (``reverse``)
     kw = dict(sigma_min=1.19, sigma_max=2.51, verbosity=0)
     kw.update(ducc0_keywords(unpack_opts(opts, nufft_type, True), where))
-    best = _best_double(ndim, kw["sigma_min"], kw["sigma_max"])
+    # type 3 spends half its epsilon on each of its two spreading stages
+    best = _best_double(ndim, kw["sigma_min"], kw["sigma_max"]) * (2 if nufft_type == 3 else 1)
     kw.update(forward=iflag < 0, epsilon=max(float(eps), 1.01 * best))
     if nufft_type == 3:
         kw.pop("fft_order")  # no grid
@@ -160,6 +161,9 @@ def nufft2(source: ArrayLike, *points: ArrayLike, eps: float = 1e-6, iflag: int 
     if source.ndim < ndim:
         raise ValueError(f"{where}: a {ndim}-dimensional transform needs a source with at "
                          f"least {ndim} axes (the modes), got shape {source.shape}")
+    if 0 in source.shape[source.ndim - ndim:]:
+        raise ValueError(f"{where}: the source's {ndim} trailing axes are the modes, each of "
+                         f"at least one, got shape {source.shape}")
     index, source, *points = broadcast_and_flatten_inputs(2, None, source, *points)
     kw = keywords(where, opts, 2, ndim, eps, iflag)
     out = _per_batch(u2nu, source, [jnp.stack(points, axis=-1)], **kw)

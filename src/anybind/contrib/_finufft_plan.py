@@ -46,6 +46,10 @@ def _concrete(where: str, points) -> list:
         if p.ndim != 1 or p.dtype not in (np.float32, np.float64):
             raise TypeError(f"{where}: point array {i} must be 1-D float32 or float64 "
                             f"(M,), got {p.dtype}{list(p.shape)}")
+        if not np.isfinite(p).all():
+            j = int(np.flatnonzero(~np.isfinite(p))[0])
+            raise ValueError(f"{where}: point array {i} has a NaN or infinite entry "
+                             f"(at {j}: {p[j]}); a transform with it is NaN")
         out.append(p)
     if len({(p.dtype, p.shape) for p in out}) != 1:
         raise TypeError(f"{where}: the point arrays must share one shape and dtype, got "
@@ -130,11 +134,16 @@ class Plan:
         modes, m, dtype = self.n_modes, self.n_points, self.dtype
 
         def t1(values, *, out, iflag: int) -> None:
+            if m == 0 or out.size == 0:  # no points: an empty sum (ducc0 has no answer)
+                out[...] = 0
+                return
             run("nu2u", values.reshape((-1, m)), reshaped(out, (-1,) + modes),
                 forward=iflag < 0)
 
         def t2(grid, *, out, iflag: int) -> None:
-            run("u2nu", grid.reshape((-1,) + modes), reshaped(out, (-1, m)), forward=iflag < 0)
+            if out.size:
+                run("u2nu", grid.reshape((-1,) + modes), reshaped(out, (-1, m)),
+                    forward=iflag < 0)
 
         def spec1(source, *, iflag):
             _source_check(f"{where}.nufft1", source, dtype, (m,))
@@ -194,19 +203,25 @@ class Plan3:
         self.dtype = np.result_type(src[0].dtype, np.complex64)
         self.n_points, self.n_targets = src[0].shape[0], dst[0].shape[0]
         kw = keywords(where, opts, 3, nd, eps, -1)
-        double = in_double(self.dtype, nd, kw)
+        double = in_double(self.dtype, nd, kw, stages=2)
         real = np.float64 if double else src[0].dtype
-        plan = ducc0.nufft.experimental.plan3(
+        m, n, dtype = self.n_points, self.n_targets, self.dtype
+        plan = None if 0 in (m, n) else ducc0.nufft.experimental.plan3(  # ducc0 needs points
             coord_in=np.stack(src, -1).astype(real), coord_out=np.stack(dst, -1).astype(real),
             epsilon=kw["epsilon"], nthreads=kw["nthreads"],
             **{k: kw[k] for k in ("sigma_min", "sigma_max", "verbosity") if k in kw})
         run = _Locked(plan, double)
-        m, n, dtype = self.n_points, self.n_targets, self.dtype
 
         def t3(values, *, out, iflag: int) -> None:
+            if plan is None or out.size == 0:  # no points: an empty sum, or no output
+                out[...] = 0
+                return
             run("exec", values.reshape((-1, m)), reshaped(out, (-1, n)), forward=iflag < 0)
 
         def t3_transpose(ct, *, out, iflag: int) -> None:
+            if plan is None or out[0].size == 0:
+                out[0][...] = 0
+                return
             # Aᵀ with sign σ is the adjoint of the transform with sign −σ
             run("exec_adjoint", ct.reshape((-1, n)), reshaped(out[0], (-1, m)),
                 forward=iflag >= 0)

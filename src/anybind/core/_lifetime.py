@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import itertools
+import threading
 import weakref
 from collections.abc import Callable
 
@@ -91,18 +92,17 @@ def eager_impl(prim, *args, **params):
     prev = _jax.disable_jit.swap_local(False)  # as jax's own apply_primitive
     try:
         if entry is None:
-            entry = (_program(prim, params), [])
-            owner = _compiling_for.set(entry[1])  # the callbacks lowered now are its own
+            entry = _Program(prim, params)
+            owner = _compiling_for.set(entry.kept)  # the callbacks lowered now are its own
             try:
-                entry[0].lower(*args)  # JAX keeps the lowering for the call below
+                entry.fun.lower(*args)  # JAX keeps the lowering for the call below
             finally:
                 _compiling_for.reset(owner)
             programs = cache.programs
             programs[key] = entry
             while len(programs) > MAX_PROGRAMS:
                 programs.pop(next(iter(programs)), None)
-        fun, kept = entry  # ``kept``: held while the program runs
-        out = fun(*args)
+        out = entry(args)  # ``entry``, its bodies among it, held while the program runs
         if _accelerated():  # a failing host call raises its HostError here, not at a wait
             jax.block_until_ready(out)
         return out
@@ -115,17 +115,49 @@ def eager_impl(prim, *args, **params):
         _jax.disable_jit.set_local(prev)
 
 
-def _program(prim, params: dict) -> Callable:
-    # The program's jaxpr, which JAX's caches keep, names the op weakly.
-    params = {**params, "call": params["call"].weak()}
+class _Program:
+    """One eager program: ``fun``, a jitted function of one application, and ``kept``,
+    the host callbacks its program calls.
 
-    def run(*args):
-        with _jax.eager_constant_folding(False):
-            return prim.bind(*args, **params)
-    # One name for every op's programs: JAX's bounded caches keyed by a program's debug
-    # info (its name among it) then hold one entry per shape, not one per op ever made.
-    run.__name__ = run.__qualname__ = "anybind_eager_call"
-    return jax.jit(run)
+    jit's own cache makes the first call of a signature a lock while the program
+    runs: host code that calls the same program again on the same thread gets
+    ``RecursionError: Recursively calling jit``, and on another thread waits for
+    it, so two threads whose nested host calls wait on each other's first calls
+    deadlock. Until one call of ``fun`` has returned, a call made while another
+    runs goes through a ``Compiled`` of its own (lowered and compiled again: both
+    come from JAX's caches), which nothing else waits on.
+    """
+
+    def __init__(self, prim, params: dict) -> None:
+        # The program's jaxpr, which JAX's caches keep, names the op weakly.
+        params = {**params, "call": params["call"].weak()}
+
+        def run(*args):
+            with _jax.eager_constant_folding(False):
+                return prim.bind(*args, **params)
+        # One name for every op's programs: JAX's bounded caches keyed by a program's
+        # debug info (its name among it) then hold one entry per shape, not one per op.
+        run.__name__ = run.__qualname__ = "anybind_eager_call"
+        self.fun = jax.jit(run)
+        self.kept: list = []
+        self.ready = False  # a call of ``fun`` has returned: its cache entry is complete
+        self._first = threading.Lock()  # held by the call that completes that entry
+
+    def __call__(self, args: tuple):
+        if self.ready:
+            return self.fun(*args)
+        if not self._first.acquire(blocking=False):  # a first call runs: never wait on it
+            owner = _compiling_for.set(self.kept)
+            try:
+                return self.fun.lower(*args).compile()(*args)
+            finally:
+                _compiling_for.reset(owner)
+        try:
+            out = self.fun(*args)
+            self.ready = True
+            return out
+        finally:
+            self._first.release()
 
 
 def held(ctx, callback: Callable) -> Callable:

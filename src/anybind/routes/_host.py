@@ -32,6 +32,7 @@ import ctypes
 import dataclasses
 import gc
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import jax.ffi
@@ -312,6 +313,14 @@ def broadcaster(batch: Batch) -> Callable:
 MAX_NESTING = 16
 _nesting: contextvars.ContextVar[int] = contextvars.ContextVar("anybind_host_nesting",
                                                                 default=0)  # per thread
+# Each host call that runs holds one of the computations XLA runs at once on a device
+# (32 on the CPU), and waits for those its host code starts: threads whose nested host
+# calls hold all of them wait on each other forever. A host call nested in another is
+# refused once this many run in the process, leaving room for the JAX operations that
+# host code runs in between.
+MAX_RUNNING = 24
+_running = [0]
+_running_lock = threading.Lock()
 
 
 def host_callback(call: Call, role_name: str, runner: Callable,
@@ -328,6 +337,9 @@ def host_callback(call: Call, role_name: str, runner: Callable,
     def guarded(ins, outs):
         depth = _nesting.get() + 1
         token = _nesting.set(depth)
+        with _running_lock:
+            _running[0] += 1
+            running = _running[0]
         try:
             if depth > MAX_NESTING:
                 raise HostError(
@@ -335,6 +347,13 @@ def host_callback(call: Call, role_name: str, runner: Callable,
                     f"of host code on this thread, each called by the one before: host code "
                     f"that calls an op whose host code calls it again, with no base case "
                     f"(anybind.routes._host.MAX_NESTING is the limit)")
+            if depth > 1 and running > MAX_RUNNING:
+                raise HostError(
+                    f"anybind op '{op_name}': its {role_name}, called from host code, would be "
+                    f"host call {running} running at once in this process (threads whose host "
+                    f"code calls ops): each holds one of the few computations XLA runs at once "
+                    f"on a device (32 on the CPU), and nested calls that hold them all wait on "
+                    f"each other forever (anybind.routes._host.MAX_RUNNING is the limit)")
             _jax.without_mesh(runner, _debug.inputs(ins) if copy else ins, outs)
         except BaseException as e:  # KeyboardInterrupt too: re-raised itself by eager calls
             # Under jit only the message reaches the caller (XLA drops the cause, the
@@ -349,6 +368,8 @@ def host_callback(call: Call, role_name: str, runner: Callable,
             remember_host_error(op, e)
             raise e.with_traceback(None)  # noqa: B904  (e's cause is set above)
         finally:
+            with _running_lock:
+                _running[0] -= 1
             _nesting.reset(token)
     guarded.what = f"anybind op '{op_name}': the {role_name}"
     return guarded

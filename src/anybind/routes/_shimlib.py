@@ -54,6 +54,9 @@ _lock = threading.Lock()
 _registered: list = []  # [the library] once its handler is registered with XLA
 
 
+_TEMPORARY = "anybind-shim-"  # the prefix of a build folder used once, by one process
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "anybind"
 
@@ -75,7 +78,12 @@ def load() -> ctypes.CDLL:
     """
     lib = _usable(_installed())
     if lib is None:
-        lib = _open(_from_cache(build=True), strict=True)
+        path = _from_cache(build=True)
+        try:
+            lib = _open(path, strict=True)
+        finally:
+            if path.parent.name.startswith(_TEMPORARY):  # loaded: the mapping outlives the file
+                shutil.rmtree(path.parent, ignore_errors=True)
     return lib
 
 
@@ -241,7 +249,7 @@ def _from_cache(build: bool) -> Path | None:
     except OSError:
         pass
     if not _private_dir(cache):  # another's, or open to others: build where only we may
-        cache = Path(tempfile.mkdtemp(prefix="anybind-shim-"))
+        cache = Path(tempfile.mkdtemp(prefix=_TEMPORARY))  # removed once loaded (``load``)
     return _build(cache, source, include, cc, digest, suffix)
 
 

@@ -41,6 +41,7 @@ from jax import tree_util
 from .. import _api
 from .._api import Op
 from ..core import _closures, _frontends, _sharding
+from ..core._errors import HostError
 from ..core._jax import ShapedArray
 from ..core._op import MODES, core_of, is_mode
 from ..core._spec import infer_outputs, is_float
@@ -296,7 +297,14 @@ def _tensor_vjp(core, call, ct_lin, need):
     def vjp(xs, ks, cts):
         it = iter(cts)
         full = [next(it) if z is None else torch.zeros(z[0], dtype=z[1]) for z in zeros]
-        outs = run([*xs, *full, *ks])
+        try:
+            outs = run([*xs, *full, *ks])
+        except HostError:
+            raise
+        except Exception as e:  # the front end's nodes name the op and rule: so does this
+            raise HostError(f"anybind op '{core.name}': the vjp rule (jax.vjp of its JAX "
+                            f"code, in torch's backward) raised {type(e).__name__}: "
+                            f"{e}").with_traceback(e.__traceback__) from e
         return [outs[j] for j in pick]
     return vjp
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import jax
 import jax.numpy as jnp
 
 from .._errors import MissingRuleError
@@ -184,7 +185,7 @@ def traced_tangents(call: Call, rule: Rule, lin) -> Callable[..., list]:
     avals, names = out_avals("jvp", call, lin, None), out_names("jvp", call, None)
 
     def f(*ops):
-        outs = run(*ops)
+        outs = concrete_errors_named(call, "jvp", run, ops)
         kept = [j for j, o in enumerate(outs) if o is not None]
         good = check_traced_outputs(call, "jvp", [outs[j] for j in kept],
                                     [avals[j] for j in kept], [names[j] for j in kept])
@@ -197,5 +198,26 @@ def traced_tangents(call: Call, rule: Rule, lin) -> Callable[..., list]:
 
 def checked(call: Call, role: str, run: Callable, avals, names) -> Callable[..., list]:
     def f(*ops):
-        return check_traced_outputs(call, role, run(*ops), avals, names)
+        return check_traced_outputs(call, role, concrete_errors_named(call, role, run, ops),
+                                    avals, names)
     return f
+
+
+_CONCRETE = (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError)
+
+
+def concrete_errors_named(call: Call, role: str, run: Callable, ops) -> list:
+    """``run(*ops)`` for traced code; NumPy or a Python branch on a traced value in it
+    is an error naming the op and the rule (JAX's own names neither)."""
+    try:
+        return run(*ops)
+    except _CONCRETE as e:
+        what = role_name(role, call)
+        hint = ("give it as a host rule (op.def_" + role + "(rule), traced=False: it "
+                "receives NumPy arrays), or write it in jax.numpy"
+                if role != "primal" else
+                "write it in jax.numpy, or bind it without traced=True as host code")
+        raise TypeError(
+            f"anybind op '{call.op.name}': its {what} is traced (JAX code: traced=True, "
+            f"which rules given to ab.bind share with the function) but needs a concrete "
+            f"value ({type(e).__name__}): {hint}") from e

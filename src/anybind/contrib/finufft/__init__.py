@@ -9,8 +9,9 @@ nufft1(output_shape, source,       type 1, points ↦ modes (iflag=1 by default)
   *points, eps, iflag, opts)
 nufft2(source, *points, ...)       type 2, modes ↦ points (iflag=−1)
 nufft3(source, *points, ...)       type 3, points ↦ points: D source arrays, then D targets
-Opts, NestedOpts, unpack_opts      jax-finufft's options; what each becomes in ducc0 is in
-                                   ``options``' table (no equivalent: an error at trace time)
+Opts, NestedOpts, unpack_opts      jax-finufft's options, also in ``options`` (as
+                                   ``jax_finufft.options``); what each becomes in ducc0 is in
+                                   its table (no equivalent: an error at trace time)
 Plan, Plan3                        transforms on points fixed once (ducc0's plans), as ops
 =================================  ============================================================
 
@@ -30,9 +31,11 @@ on a GPU the transforms run on the host.
 """
 from __future__ import annotations
 
-from . import _finufft_options as options, require
-from ._finufft_ops import nufft1, nufft2, nufft3
-from ._finufft_options import (
+from .. import require
+from .._finufft_ops import nufft1, nufft2, nufft3
+from .._finufft_plan import Plan, Plan3
+from . import options
+from .options import (
     DebugLevel,
     FftwFlags,
     GpuDebugLevel,
@@ -43,7 +46,6 @@ from ._finufft_options import (
     SpreadThread,
     unpack_opts,
 )
-from ._finufft_plan import Plan, Plan3
 
 require("ducc0", "anybind.contrib.finufft")
 
