@@ -43,7 +43,7 @@ from ..core import _closures, _frontends, _sharding
 from ..core._jax import ShapedArray
 from ..core._op import MODES, core_of, is_mode
 from ..core._spec import infer_outputs, is_float
-from . import _jax_engine, _torch, _torch_engine
+from . import _draws, _effects, _jax_engine, _torch, _torch_engine
 from ._front import TorchOp, _compiled_entry, front_of
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
 
@@ -75,6 +75,8 @@ class Bridge:
         self.engine, self.fn, self.vmap = engine, fn, vmap
         self.derived: dict = {}
         self.version = -1  # the op's version once the bridge's own rules are set
+        self.drawn: dict = {}  # call signature -> whether its calls draw random numbers
+        self.draws = None  # the generators of its draws (``_draws.Draws``)
 
 
 # each bridge op's Bridge, kept as long as the op lives
@@ -156,9 +158,83 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     name = name or getattr(fn, "__name__", None) or "torch_fn"
     op = bridge(TORCH, fn, name=name, shape=FakeSpec(fn, name) if shape is None else shape,
                 vmap=vmap, shard=shard, replicated=replicated, examples=examples)
+    op = FromTorch.of(op)
     return _api.pickled_as(op, from_torch, (given,), dict(
         shape=shape, name=name, vmap=vmap, shard=shard, replicated=replicated,
         examples=examples, return_state=return_state))
+
+
+class FromTorch(_api.Op):
+    """The handle ``from_torch`` gives: a call of a function that draws random numbers
+    carries its seeds (``_draws``) as one more keyword operand, which its derivatives
+    receive with the others. Whether a call signature draws is found once, by running
+    the function on fake tensors; a draw from a generator that cannot be carried (not
+    torch's global one, and not one the function holds where ``_draws.generators``
+    looks) is an error naming the op, at the first call."""
+
+    @staticmethod
+    def of(handle: _api.Op) -> FromTorch:
+        h = object.__new__(FromTorch)
+        h.__dict__.update(handle.__dict__)
+        return h
+
+    def __call__(self, *args, **kw):
+        core = self._core
+        b = BRIDGES.get(core)
+        if b is None or b.version != core.version:  # the user's own rules: as they are
+            return core(*args, **kw)
+        if not kw and all(isinstance(a, jax.Array) for a in args):  # the common case
+            key = tuple([(a.shape, a.dtype) for a in args])
+            leaves = args
+        else:
+            leaves, tree = tree_util.tree_flatten((args, kw))
+            key = (tree, tuple([(a.shape, a.dtype) if hasattr(a, "dtype") else a
+                                for a in leaves]))
+        try:
+            drawn = b.drawn.get(key)
+        except TypeError:  # an unhashable static keyword
+            key, drawn = None, None
+        if drawn is None:
+            drawn = _draws_of(core, b, args, kw)
+            if key is not None:
+                b.drawn[key] = drawn
+        if not drawn:
+            return core(*args, **kw)
+        seeds = b.draws.seeds_for([a for a in leaves if hasattr(a, "dtype")])
+        return core(*args, **kw, **{_draws.DRAWS: seeds})
+
+
+def _draws_of(core, b: Bridge, args: tuple, kw: dict) -> bool:
+    """Whether calls like this one draw random numbers (the fake run's answer)."""
+    operands, static = _torch_engine.split_static(kw)
+    leaves, tree = tree_util.tree_flatten((args, operands))
+    specs = [jax.ShapeDtypeStruct(np.shape(a), _dtype_of(a)) for a in leaves]
+
+    def rebuild(ts):
+        a, k = tree.unflatten(ts)
+        return a, {**k, **static}
+    eff = _effects.effects(b.fn, specs, rebuild)
+    if not eff.random:
+        return False
+    lost = [g for g in eff.generators if not b.draws.known(g)]
+    if lost:
+        raise TypeError(
+            f"anybind op '{core.name}': its torch function draws from a torch.Generator "
+            f"({lost[0]!r}) that anybind cannot find, so the draws of a call cannot be "
+            f"carried to its derivatives. Keep the generator where it can be found (a "
+            f"global, a closure variable, a default argument, or an attribute of the "
+            f"module), or draw from torch's global generator")
+    if core.shard is not None:
+        raise TypeError(
+            f"anybind op '{core.name}': its torch function draws random numbers, which a "
+            f"call run per shard (shard=) cannot carry to its derivatives; drop shard=")
+    return True
+
+
+def _dtype_of(a):
+    if hasattr(a, "dtype"):
+        return np.dtype(a.dtype)
+    return np.asarray(a).dtype
 
 
 def to_torch(fn: Callable, *, name: str | None = None) -> TorchOp:
@@ -215,8 +291,10 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
     opts = dict(shape=shape, name=name, shard=shard, replicated=replicated, examples=examples,
                 vmap=vmap if is_mode(vmap) else None)
     host = engine.host(fn, name)
-    if parent is not None and engine.native:  # its random draws are its root's
-        host.root, host.depth = parent.host.root, parent.host.depth + 1
+    draws = None
+    if engine.native:  # the generators its draws come from: its root's
+        draws = parent.draws if parent is not None else _draws.Draws(fn, name)
+        host.draws = draws
     if engine.device is not None:
         handle = _api.bind(engine.device(fn, name), device=True, host=host, **opts)
     else:
@@ -226,13 +304,14 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
         user = None if vmap is None else vmap
         kw = {"out_batched": True} if user is None else {}
         if engine.vmap_device is not None:
-            handle.def_vmap(engine.vmap_device(fn, name, user), device=True,
-                            host=engine.vmap(fn, name, user), **kw)
+            vm = engine.vmap(fn, name, user)
+            vm.draws = draws
+            handle.def_vmap(engine.vmap_device(fn, name, user), device=True, host=vm, **kw)
         else:
             handle.def_vmap(engine.vmap(fn, name), **kw)
         core.declare_vmap("sequential")  # for host rules the user adds
     b = BRIDGES[core] = Bridge(engine, fn, vmap)
-    b.host = host
+    b.host, b.draws = host, draws
     handle.def_jvp(_rule(core, "jvp"), traced=True)
     handle.def_vjp(_rule(core, "vjp"), traced=True)
     b.version = core.version  # op.torch is the torch code itself until a rule changes
@@ -340,8 +419,9 @@ class FakeSpec:
         return "(inferred with torch's fake tensors)"
 
     def __call__(self, *args, **kw):
+        kw.pop(_draws.DRAWS, None)
         try:
-            with _torch.FakeTensorMode(allow_non_fake_inputs=True):
+            with _torch.FakeTensorMode(allow_non_fake_inputs=True), _effects.NoData():
                 return self._spec(args, kw, torch.empty)
         except _torch.DynamicOutputShapeException as e:  # the shape depends on the data
             raise self._error(e) from None

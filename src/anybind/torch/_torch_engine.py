@@ -28,6 +28,8 @@ leaves.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import threading
 from collections.abc import Callable
 
@@ -38,7 +40,7 @@ from jax import tree_util
 from torch.autograd import forward_ad
 
 from ..core._errors import HostError
-from . import _effects, _torch
+from . import _draws, _effects, _torch
 
 # ----------------------------------------------------------- arrays across
 
@@ -60,6 +62,17 @@ def _view_reader() -> Callable[[np.ndarray], torch.Tensor]:
 
 
 view_tensor = _view_reader()
+
+
+def input_tensor(a) -> torch.Tensor:
+    """An inference tensor over an input view (no copy): torch refuses to write into it
+    (``Inplace update to inference tensor``), before anything lands; a tensor kept past
+    the call is refused so too."""
+    with _INFERENCE:
+        return as_tensor(a)
+
+
+_INFERENCE = torch.inference_mode()
 
 
 def as_tensor(a) -> torch.Tensor:
@@ -125,87 +138,108 @@ class TorchHost:
 
     Inputs are XLA's buffers, which no code may change: an input leaf that the
     function writes into (``_effects``, found once per call signature) is handed
-    to it as a private copy, the others as views with no copy. A function that
-    draws random numbers starts each derivative of a call from the RNG state
-    that call started from (``_effects.Draws``). ``depth`` counts derivatives:
-    a derived function's first argument holds its parent's arguments.
+    to it as a private copy, the others as inference tensors over the views, with
+    no copy, which torch refuses to write into; such a write (one the fake run did
+    not show: it depends on the data) is refused before it lands, and the call
+    runs again with every input copied, as do that signature's later calls.
+    A call of a function that draws random numbers carries its seeds (the
+    ``_draws.DRAWS`` keyword operand): it runs with its generators seeded from
+    them (``draws``: the op's, shared by its derived functions).
     """
 
-    def __init__(self, fn: Callable, name: str):
-        self.fn, self.__name__ = fn, name
-        self.root, self.depth = self, 0
+    def __init__(self, fn: Callable, name: str, draws=None):
+        self.fn, self.__name__, self.draws = fn, name, draws
         self._effects: dict = {}
+        # a derived function (torch's jvp or vjp of fn) differentiates its inputs, which
+        # inference tensors refuse: it gets plain views, whose version counters tell a
+        # write afterwards (autograd itself refuses writes into the inputs it differentiates)
+        self._view = as_tensor if getattr(fn, _DERIVED, False) else input_tensor
 
     def __repr__(self) -> str:
         return f"<torch code of {self.__name__}>"
 
     def __call__(self, *args, **kw):
+        if kw and _draws.DRAWS in kw:
+            kw = dict(kw)
+            seeds = kw.pop(_draws.DRAWS)
+            if self.draws is not None:
+                gens, seeds = self.draws.generators, _draws.seeds_of(seeds, self.draws.n)
+                try:
+                    with _draws.replay(gens, seeds):
+                        return self._call(args, kw)
+                except _Refused:
+                    with _draws.replay(gens, seeds):
+                        return self._call(args, kw)
+        try:
+            return self._call(args, kw)
+        except _Refused:
+            return self._call(args, kw)
+
+    def _call(self, args, kw):
         if not kw and all(type(a) is np.ndarray for a in args):  # the common case
             key = tuple([(a.shape, a.dtype) for a in args])
             eff = self._effects.get(key)
             if eff is None:
                 eff = self._effects[key] = _effects.effects(self.fn, list(args),
                                                             lambda ls: (ls, {}))
+            view = self._view
             if eff is _effects.NONE:
-                ts = [as_tensor(a) for a in args]
-                out = self.fn(*ts)
-                _untouched(self.__name__, ts)
-                return _as_numpy_tree(out)
-            ts = [_private(a) if eff.copies(i) else as_tensor(a) for i, a in enumerate(args)]
-            views = [t for i, t in enumerate(ts) if not eff.copies(i)]
-            run = lambda: self.fn(*ts)
-        else:
-            leaves, tree = tree_util.tree_flatten((args, kw))
-            key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, np.ndarray) else a
-                                for a in leaves]))
-            try:
-                eff = self._effects.get(key)
-            except TypeError:  # an unhashable static keyword: not remembered
-                key, eff = None, None
-            if eff is None:
-                eff = _effects.effects(self.fn, leaves, lambda ls: tree.unflatten(ls))
-                if key is not None:
-                    self._effects[key] = eff
-            views, ts = [], []
-            if eff is _effects.NONE:
-                ts = [as_tensor(a) if isinstance(a, (np.ndarray, np.generic)) else a
-                      for a in leaves]
-                a, k = tree.unflatten(ts)
-                out = self.fn(*a, **k)
-                _untouched(self.__name__, [t for t in ts if isinstance(t, torch.Tensor)])
-                return _as_numpy_tree(out)
-            for i, a in enumerate(leaves):
-                if isinstance(a, (np.ndarray, np.generic)):
-                    if eff.copies(i):
-                        a = _private(a)
-                    else:
-                        a = as_tensor(a)
-                        views.append(a)
-                ts.append(a)
-            a, k = tree.unflatten(ts)
-            run = lambda: self.fn(*a, **k)
-        out = self._drawn(run, args) if eff.random else run()
-        _untouched(self.__name__, views)
-        return _as_numpy_tree(out)
-
-    def _drawn(self, run: Callable, args: tuple):
-        """``run()`` with the random draws of the primal call these arguments belong to."""
-        primal = args
-        for _ in range(self.depth):
-            primal = primal[0]
-        key = (id(self.root), _effects.buffers(tree_util.tree_leaves(primal)))
-        if self.depth == 0:
-            _effects.DRAWS.record(key)
-            return run()
-        start = _effects.DRAWS.start(key)
-        if start is None:  # its primal call never ran (XLA dropped an unused value)
-            return run()
-        now = torch.get_rng_state()
-        torch.set_rng_state(start)
+                ts = views = [view(a) for a in args]
+            else:
+                ts = [_private(a) if eff.copies(i) else view(a) for i, a in enumerate(args)]
+                views = [t for i, t in enumerate(ts) if not eff.copies(i)]
+            with _refusing(self, key, eff, views):
+                return _as_numpy_tree(self.fn(*ts))
+        leaves, tree = tree_util.tree_flatten((args, kw))
+        key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, np.ndarray) else a
+                            for a in leaves]))
         try:
-            return run()
-        finally:
-            torch.set_rng_state(now)
+            eff = self._effects.get(key)
+        except TypeError:  # an unhashable static keyword: not remembered
+            key, eff = None, None
+        if eff is None:
+            eff = _effects.effects(self.fn, leaves, lambda ls: tree.unflatten(ls))
+            if key is not None:
+                self._effects[key] = eff
+        view = self._view
+        ts = [(_private(a) if eff.copies(i) else view(a))
+              if isinstance(a, (np.ndarray, np.generic)) else a for i, a in enumerate(leaves)]
+        views = [t for i, t in enumerate(ts) if isinstance(leaves[i], (np.ndarray, np.generic))
+                 and not eff.copies(i)]
+        a, k = tree.unflatten(ts)
+        with _refusing(self, key, eff, views):
+            return _as_numpy_tree(self.fn(*a, **k))
+
+
+class _Refused(Exception):
+    """torch refused a write into an input view: run again on copies."""
+
+
+@contextlib.contextmanager
+def _refusing(host: TorchHost, key, eff, views):
+    """A write into an inference tensor (an input view) that torch refused: that
+    signature's inputs are copied from now on, and the call runs again (``_Refused``).
+    A plain view (a derived function's) that was written: an error naming the op."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "nference tensor" not in str(e) or eff.writes is None or key is None:
+            raise
+        host._effects[key] = _effects.Effects(None, eff.random, eff.generators)
+        raise _Refused from e
+    if host._view is as_tensor:
+        _untouched(host.__name__, views)
+
+
+def _untouched(name: str, ts) -> None:
+    """A view whose version counter moved: a write that the fake run did not foresee."""
+    for i, t in enumerate(ts):
+        if _torch.version_of(t):
+            raise HostError(
+                f"anybind op '{name}': the torch function wrote into its input leaf {i} "
+                f"({tuple(t.shape)}, {t.dtype}) in place, which running it on fake tensors "
+                f"did not show (a write that depends on the data?); its inputs are XLA's "
+                f"buffers, which are immutable. Compute out of place")
 
 
 def _private(a) -> torch.Tensor:
@@ -270,17 +304,6 @@ def _collect(ts: list, convert: Callable, kinds) -> Callable:
             return ts[-1]
         return a
     return leaf
-
-
-def _untouched(name: str, ts) -> None:
-    """A view whose version counter moved: a write that the fake run did not foresee."""
-    for i, t in enumerate(ts):
-        if _torch.version_of(t):
-            raise HostError(
-                f"anybind op '{name}': the torch function wrote into its input leaf {i} "
-                f"({tuple(t.shape)}, {t.dtype}) in place, which running it on fake tensors "
-                f"did not show (a write that depends on the data?); its inputs are XLA's "
-                f"buffers, which are immutable. Compute out of place")
 
 
 def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
@@ -421,13 +444,20 @@ def torch_vjp_of(fn: Callable) -> Callable:
 
 class TorchVmap:
     """The vmap rule of torch code: ``torch.vmap`` of it, one call for the whole batch
-    (or ``rule``, the user's vmap rule on tensors)."""
+    (or ``rule``, the user's vmap rule on tensors). A call that carries draws runs the
+    whole batch from its first row's seeds, ``torch.vmap`` drawing differently per row
+    (``randomness="different"``), as its derived rules do from the same seeds."""
 
-    def __init__(self, fn: Callable, name: str, rule: Callable | None = None):
-        self.fn, self.__name__, self.rule = fn, name, rule
+    def __init__(self, fn: Callable, name: str, rule: Callable | None = None, draws=None):
+        self.fn, self.__name__, self.rule, self.draws = fn, name, rule, draws
 
     def batched(self, axis_size, in_batched, *args, **kw):
         """The rule on torch tensors: ``(out, out_batched)``."""
+        drawn = _draws.DRAWS in in_batched.kwargs
+        if drawn:
+            in_batched = copy.copy(in_batched)
+            in_batched.kwargs = {k: v for k, v in in_batched.kwargs.items()
+                                 if k != _draws.DRAWS}
         if self.rule is not None:
             return self.rule(axis_size, in_batched, *args, **kw)
         operands = {k: kw[k] for k in in_batched.kwargs}
@@ -440,7 +470,8 @@ class TorchVmap:
             a, k = tree.unflatten(ls)
             outs, seen["tree"] = tree_util.tree_flatten(plain_tree(fn(*a, **k, **static)))
             return tuple(outs)
-        outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags))(*leaves)
+        outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags),
+                          randomness="different" if drawn else "error")(*leaves)
         return seen["tree"].unflatten(list(outs)), True
 
     def __call__(self, axis_size, in_batched, *args, **kw):
@@ -450,7 +481,9 @@ class TorchVmap:
             out, b = self.batched(axis_size, in_batched, *a, **k)
             flag.append(b)
             return out
-        return TorchHost(run, self.__name__)(*args, **kw), flag[0]
+        host = TorchHost(run, self.__name__, self.draws)
+        host._view = as_tensor if getattr(self.fn, _DERIVED, False) else input_tensor
+        return host(*args, **kw), flag[0]
 
 
 class TorchVmapDevice(TorchVmap):

@@ -1,0 +1,272 @@
+"""Trust, round 4, the PyTorch bridge: random draws carried, writes that never land, and
+module state kept explicit.
+
+Each test names the probe it answers. Random draws: a dropout's gradient must be zero
+exactly where its value is (the value's own mask), whatever the order, number, threads
+and transformations of the calls: f(x) = dropout(x, ½)·x has ∂f/∂x = 4x·m, with m the
+mask (the value is 2x²·m). Writes: the caller's array is compared bit for bit. Module
+state: the wrapped module's ``state_dict()`` is compared bit for bit.
+"""
+import pickle
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import anybind as ab
+from helpers import assert_close, randn, run_fresh_python
+
+
+def _drop(p=0.5, name="drop"):
+    return ab.from_torch(lambda x: torch.nn.functional.dropout(x, p) * x, name=name)
+
+
+def _x(n=64, seed=0):
+    return jnp.asarray(1.0 + np.abs(randn((n,), seed=seed)))
+
+
+def _grad_of_mask(y, x):
+    """∂(2x²·m)/∂x = 4x·m, m read off the value y = 2x²·m."""
+    return np.where(np.asarray(y) != 0, 4 * np.asarray(x), 0.0)
+
+
+def _check(y, g, x):
+    y, g = np.asarray(y), np.asarray(g)
+    mask = y != 0
+    assert 0 < mask.sum() < mask.size, "the draws must zero some entries and keep others"
+    np.testing.assert_array_equal(g == 0, ~mask)  # zero exactly where the value is
+    assert_close(g, _grad_of_mask(y, x))
+
+
+# ------------------------------------------------------------- random draws
+
+def test_value_and_grad_of_two_calls_on_one_input():
+    """value_and_grad of f(x) + 10·f(x), eager and jit: each call's gradient is its mask's."""
+    op, x = _drop(), _x()
+
+    def loss(x):
+        a, b = op(x), op(x)
+        return a.sum() + 10 * b.sum(), (a, b)
+    for run in (jax.value_and_grad(loss, has_aux=True),
+                jax.jit(jax.value_and_grad(loss, has_aux=True))):
+        (_, (a, b)), g = run(x)
+        assert not np.array_equal(np.asarray(a) != 0, np.asarray(b) != 0)  # two draws
+        assert_close(g, _grad_of_mask(a, x) + 10 * _grad_of_mask(b, x))
+
+
+def test_first_calls_vjp_after_a_second_call():
+    op, x = _drop(), _x()
+    y1, pb1 = jax.vjp(op, x)
+    y2, pb2 = jax.vjp(op, x)
+    assert not np.array_equal(np.asarray(y1) != 0, np.asarray(y2) != 0)
+    _check(y1, pb1(jnp.ones(64))[0], x)
+    _check(y2, pb2(jnp.ones(64))[0], x)
+    _check(y1, pb1(jnp.ones(64))[0], x)  # again, after both
+
+
+@pytest.mark.parametrize("differ", [1, 2048])
+def test_inputs_differing_in_few_or_many_entries(differ):
+    op = _drop()
+    x1 = _x(4096)
+    x2 = x1.at[:differ].add(1.0)
+    y1, pb1 = jax.vjp(op, x1)
+    y2, pb2 = jax.vjp(op, x2)
+    _check(y2, pb2(jnp.ones(4096))[0], x2)
+    _check(y1, pb1(jnp.ones(4096))[0], x1)
+
+
+def test_jit_value_and_grad_of_lax_map_over_rows():
+    op = _drop()
+    xs = jnp.stack([_x(8, seed=i) for i in range(10)])
+
+    def loss(xs):
+        ys = jax.lax.map(op, xs)
+        return ys.sum(), ys
+    for run in (jax.jit(jax.value_and_grad(loss, has_aux=True)),
+                jax.value_and_grad(loss, has_aux=True)):
+        (_, ys), g = run(xs)
+        assert_close(g, _grad_of_mask(ys, xs))
+        assert len({tuple(np.asarray(r) != 0) for r in ys}) > 1  # rows draw anew
+
+
+def test_scan_carries_the_draws_of_each_step():
+    op = _drop()
+
+    def loss(x):
+        def step(c, _):
+            y = op(c)
+            return c + 0.0 * y, y
+        _, ys = jax.lax.scan(step, x, None, length=6)
+        return ys.sum(), ys
+    x = _x(16)
+    (_, ys), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(x)
+    assert_close(g, _grad_of_mask(ys, jnp.broadcast_to(x, ys.shape)).sum(0))
+
+
+def test_more_than_256_calls_before_their_gradients():
+    op, x = _drop(), _x(32)
+    calls = [jax.vjp(op, x) for _ in range(300)]
+    for y, pb in reversed(calls):
+        _check(y, pb(jnp.ones(32))[0], x)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "expand_dims", "broadcast_all"])
+def test_vmap_modes_over_equal_rows(mode):
+    op = ab.from_torch(lambda x: torch.nn.functional.dropout(x, 0.5) * x, vmap=mode)
+    xs = jnp.tile(_x(32), (6, 1))
+
+    def loss(xs):
+        ys = jax.vmap(op)(xs)
+        return ys.sum(), ys
+    for run in (jax.value_and_grad(loss, has_aux=True),
+                jax.jit(jax.value_and_grad(loss, has_aux=True))):
+        (_, ys), g = run(xs)
+        assert_close(g, _grad_of_mask(ys, xs))
+        if mode == "sequential":  # one call per row: each row draws its own mask
+            assert len({tuple(np.asarray(r) != 0) for r in ys}) > 1
+
+
+def test_vmap_by_torch_vmap_and_by_a_rule():
+    by_torch = _drop()
+    rule = lambda n, in_batched, x: (torch.nn.functional.dropout(x, 0.5) * x, True)
+    by_rule = ab.from_torch(lambda x: torch.nn.functional.dropout(x, 0.5) * x, vmap=rule)
+    xs = jnp.tile(_x(32), (4, 1))
+    for op in (by_torch, by_rule):
+        def loss(xs):
+            ys = jax.vmap(op)(xs)
+            return ys.sum(), ys
+        for run in (jax.value_and_grad(loss, has_aux=True),
+                    jax.jit(jax.value_and_grad(loss, has_aux=True))):
+            (_, ys), g = run(xs)
+            assert_close(g, _grad_of_mask(ys, xs))
+
+
+def test_jvp_and_linearize_use_the_values_draws():
+    op, x = _drop(), _x()
+    for jvp in (jax.jvp, jax.jit(jax.jvp, static_argnums=0)):
+        y, t = jvp(op, (x,), (jnp.ones(64),))
+        _check(y, t, x)
+    y, lin = jax.linearize(op, x)
+    _check(y, lin(jnp.ones(64)), x)
+
+
+def test_hessian_vector_product_uses_the_values_draws():
+    """Forward over reverse: the second derivative of 2x²·m is 4·m."""
+    op, x = _drop(), _x()
+
+    def loss(x):
+        y = op(x)
+        return y.sum(), y
+    g, hv, y = jax.jvp(jax.grad(loss, has_aux=True), (x,), (jnp.ones(64),), has_aux=True)
+    assert_close(g, _grad_of_mask(y, x))
+    assert_close(hv, np.where(np.asarray(y) != 0, 4.0, 0.0))
+
+
+def test_two_threads_calling_one_op():
+    op, errors = _drop(), []
+    x = _x(80)
+    grad = jax.jit(jax.value_and_grad(lambda x: (lambda y: (y.sum(), y))(op(x)), has_aux=True))
+
+    def work():
+        try:
+            for _ in range(20):
+                (_, y), g = grad(x)
+                _check(y, g, x)
+                y, pb = jax.vjp(op, x)
+                _check(y, pb(jnp.ones(80))[0], x)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+_GEN = torch.Generator().manual_seed(3)
+
+
+def _global_gen_drop(x):
+    keep = torch.bernoulli(torch.full_like(x, 0.5), generator=_GEN)
+    return 2 * keep * x * x
+
+
+@pytest.mark.parametrize("where", ["closure", "global", "default", "module attribute"])
+def test_a_users_generator_object(where):
+    g = torch.Generator().manual_seed(7)
+
+    def closure(x):
+        return 2 * torch.bernoulli(torch.full_like(x, 0.5), generator=g) * x * x
+
+    def default(x, gen=g):
+        return 2 * torch.bernoulli(torch.full_like(x, 0.5), generator=gen) * x * x
+
+    class Mod(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gen = g
+
+        def forward(self, x):
+            return 2 * torch.bernoulli(torch.full_like(x, 0.5), generator=self.gen) * x * x
+    fn = {"closure": closure, "global": _global_gen_drop, "default": default,
+          "module attribute": Mod()}[where]
+    op = ab.from_torch(fn)
+    call = (lambda x: op({}, x)) if where == "module attribute" else op
+    x = _x()
+    gen = _GEN if where == "global" else g
+    for _ in range(3):
+        before = gen.get_state()
+        y, pb = jax.vjp(call, x)
+        assert not torch.equal(before, gen.get_state())  # the user's generator moves on
+        _check(y, pb(jnp.ones(64))[0], x)
+        (v, y2), g2 = jax.jit(jax.value_and_grad(lambda x: (lambda y: (y.sum(), y))(call(x)),
+                                                 has_aux=True))(x)
+        _check(y2, g2, x)
+
+
+def test_a_generator_that_cannot_be_found_is_an_error_naming_the_op():
+    gens = {"g": torch.Generator().manual_seed(1)}
+    lookup = gens.get  # a builtin method: nothing anybind looks into
+
+    def fn(x):
+        return torch.bernoulli(torch.full_like(x, 0.5), generator=lookup("g")) * x
+    op = ab.from_torch(fn, name="hidden_gen")
+    with pytest.raises(TypeError, match=r"anybind op 'hidden_gen'.*torch.Generator"):
+        op(_x())
+
+
+def test_draws_are_reproducible_from_torchs_seed_and_move_the_generator():
+    op, x = _drop(), _x()
+    torch.manual_seed(11)
+    a = np.asarray(op(x))
+    torch.manual_seed(11)
+    b = np.asarray(op(x))
+    np.testing.assert_array_equal(a, b)
+    state = torch.get_rng_state()
+    jax.grad(lambda x: op(x).sum())(x)
+    assert not torch.equal(state, torch.get_rng_state())
+
+
+def test_checkpoint_keeps_the_values_draws():
+    op, x = _drop(), _x()
+
+    def loss(x):
+        y = jax.checkpoint(op)(x)
+        return y.sum(), y
+    for run in (jax.value_and_grad(loss, has_aux=True),
+                jax.jit(jax.value_and_grad(loss, has_aux=True))):
+        (_, y), g = run(x)
+        _check(y, g, x)
+
+
+def test_deterministic_functions_take_no_draws():
+    """No seeds for a function that draws nothing: its calls are as before."""
+    op = ab.from_torch(lambda x: torch.sin(x) * 2, name="det")
+    jaxpr = jax.make_jaxpr(op)(jnp.ones(3))
+    assert "draws" not in str(jaxpr)
+    rnd = jax.make_jaxpr(_drop(name="rnd"))(jnp.ones(3))
+    assert "rnd_draws" in str(rnd)
