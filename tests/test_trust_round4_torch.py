@@ -270,3 +270,252 @@ def test_deterministic_functions_take_no_draws():
     assert "draws" not in str(jaxpr)
     rnd = jax.make_jaxpr(_drop(name="rnd"))(jnp.ones(3))
     assert "rnd_draws" in str(rnd)
+
+
+# ------------------------------------------------------------ module state
+
+def _bn_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).double()
+
+
+def _state(module):
+    return {k: jnp.asarray(v.numpy()) for k, v in module.state_dict().items()}
+
+
+def _snapshot(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _same_state(module, kept):
+    now = module.state_dict()
+    assert set(now) == set(kept)
+    for k, v in kept.items():
+        assert torch.equal(now[k], v), k  # bit for bit
+        assert now[k].dtype == v.dtype
+
+
+def test_params_missing_the_buffers_is_an_error_naming_them():
+    net = _bn_net().train()
+    op = ab.from_torch(net, return_state=True)
+    params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.named_parameters()}
+    kept = _snapshot(net)
+    with pytest.raises(TypeError, match=r"anybind op 'Sequential'.*missing key\(s\).*"
+                                        r"1\.num_batches_tracked.*1\.running_mean"):
+        op(params, jnp.ones((5, 3)))
+    _same_state(net, kept)
+
+
+def test_unknown_keys_are_an_error_naming_them():
+    net = _bn_net().eval()
+    op = ab.from_torch(net)
+    params = _state(net)
+    params["1.running_meen"] = params.pop("1.running_mean")
+    with pytest.raises(TypeError, match=r"unknown key\(s\) \['1\.running_meen'\].*missing "
+                                        r"key\(s\) \['1\.running_mean'\]"):
+        op(params, jnp.ones((5, 3)))
+    with pytest.raises(TypeError, match=r"unknown key\(s\)"):
+        jax.jit(op)(params, jnp.ones((5, 3)))
+
+
+def test_tied_names_need_only_one_of_them():
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(2, 2).double()
+            self.b = self.a
+
+        def forward(self, x):
+            return self.b(self.a(x))
+    m = Tied()
+    op = ab.from_torch(m)
+    params = {k: jnp.asarray(v.detach().numpy()) for k, v in m.named_parameters()}
+    assert set(params) == {"a.weight", "a.bias"}
+    x = jnp.ones((3, 2))
+    assert_close(op(params, x), m(torch.ones(3, 2, dtype=torch.float64)).detach().numpy())
+
+
+def test_train_mode_updates_without_return_state_are_an_error():
+    net = _bn_net().train()
+    op = ab.from_torch(net, name="bn_net")
+    params, kept = _state(net), _snapshot(net)
+    for run in (op, jax.jit(op)):
+        with pytest.raises(Exception, match=r"anybind op 'bn_net'.*train mode.*"
+                                            r"1\.num_batches_tracked.*return_state=True.*"
+                                            r"module\.eval\(\).*discard_state=True"):
+            run(params, jnp.ones((5, 3)))
+    _same_state(net, kept)
+
+
+def test_discard_state_opts_out_and_changes_nothing():
+    net, twin = _bn_net().train(), _bn_net().train()
+    op = ab.from_torch(net, discard_state=True)
+    params, kept = _state(net), _snapshot(net)
+    arrays = {k: np.array(v) for k, v in params.items()}
+    x = randn((5, 3))
+    assert_close(op(params, x), twin(torch.from_numpy(x)).detach().numpy())
+    floats = {k: v for k, v in params.items() if "num_batches" not in k}
+    ints = {k: v for k, v in params.items() if "num_batches" in k}
+    jax.grad(lambda w: op({**w, **ints}, x).sum())(floats)
+    _same_state(net, kept)
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(np.asarray(params[k]), v)
+
+
+def test_discard_and_return_state_are_for_modules():
+    with pytest.raises(TypeError, match=r"discard_state=True is for an nn.Module"):
+        ab.from_torch(torch.sin, discard_state=True)
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_the_wrapped_module_never_changes(mode):
+    """Its state_dict() is bit-identical after eager calls, jit, grad, vmap, jvp (fake
+    runs included: num_batches_tracked stays 0)."""
+    net = _bn_net()
+    getattr(net, mode)()
+    kept = _snapshot(net)
+    op = ab.from_torch(net, return_state=True)
+    params = _state(net)
+    x = jnp.asarray(randn((5, 3)))
+    f = lambda p, x: op(p, x)[0].sum()
+    floats = {k: v for k, v in params.items() if "num_batches" not in k}
+    ints = {k: v for k, v in params.items() if "num_batches" in k}
+    op(params, x)
+    jax.jit(op)(params, x)
+    jax.grad(lambda w: f({**w, **ints}, x))(floats)
+    jax.jit(jax.grad(lambda w: f({**w, **ints}, x)))(floats)
+    jax.jvp(lambda x: op(params, x)[0], (x,), (jnp.ones_like(x),))
+    if mode == "eval":  # (torch.vmap refuses a batch norm that updates its statistics)
+        jax.vmap(lambda x: op(params, x)[0])(jnp.stack([x, x]))
+    _same_state(net, kept)
+    assert int(net[1].num_batches_tracked) == 0
+
+
+def test_eval_then_train_after_the_first_call_leaves_the_callers_arrays():
+    net = _bn_net().eval()
+    op = ab.from_torch(net, name="switch")
+    params = _state(net)
+    arrays = {k: np.array(v) for k, v in params.items()}
+    x = jnp.asarray(randn((5, 3)))
+    op(params, x)
+    jitted = jax.jit(op)
+    jitted(params, x)
+    net.train()
+    for run in (op, jitted):
+        with pytest.raises(Exception, match=r"anybind op 'switch'.*train mode"):
+            jax.block_until_ready(run(params, x))
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(np.asarray(params[k]), v, err_msg=k)
+
+
+def test_non_persistent_buffers_are_the_modules_and_never_change():
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.zeros(3, dtype=torch.float64), persistent=False)
+            self.w = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+
+        def forward(self, x):
+            self.seen.add_(1)
+            return x * self.w + self.seen
+    m = Counter()
+    op = ab.from_torch(m, discard_state=True)
+    out = op({"w": jnp.ones(3)}, jnp.zeros(3))
+    assert_close(out, np.ones(3))
+    assert_close(op({"w": jnp.ones(3)}, jnp.zeros(3)), np.ones(3))
+    assert torch.equal(m.seen, torch.zeros(3, dtype=torch.float64))
+
+
+# ------------------------------------------------------------------- writes
+
+def _writes_for_some_values(x):
+    if float(x.sum()) > 0:  # fake tensors cannot tell: the write depends on the data
+        x.add_(1)
+    return x * 2
+
+
+def test_a_data_dependent_write_never_lands():
+    op = ab.from_torch(_writes_for_some_values, shape=ab.like(0), name="dd")
+    neg, pos = -jnp.ones(4), jnp.ones(4)
+    assert_close(op(neg), -2 * np.ones(4))
+    for run in (op, jax.jit(op)):
+        got = run(pos)
+        np.testing.assert_array_equal(np.asarray(pos), np.ones(4))  # the caller's array
+        assert_close(got, 4 * np.ones(4))  # out-of-place: (x + 1) * 2
+
+
+def test_under_jit_another_consumer_reads_the_unwritten_values():
+    op = ab.from_torch(_writes_for_some_values, shape=ab.like(0), name="dd2")
+
+    @jax.jit
+    def f(x):
+        return op(x), x * 10
+    a, b = f(jnp.ones(4))
+    assert_close(a, 4 * np.ones(4))
+    assert_close(b, 10 * np.ones(4))
+
+
+def test_a_tensor_kept_past_the_call_cannot_be_written_later():
+    kept = []
+
+    def keep(x):
+        kept.append(x)
+        return x * 2
+    op = ab.from_torch(keep, name="keeper")
+    x = jnp.arange(4.0)
+    assert_close(op(x), 2 * np.arange(4.0))
+    kept[-1].add_(100)  # a private copy: the write stays there
+    np.testing.assert_array_equal(np.asarray(x), np.arange(4.0))
+
+
+def _ctypes_write(x):
+    import ctypes
+    ctypes.memset(x.data_ptr(), 0, 8)  # writes through the address, as C extensions do
+    return x * 2
+
+
+def test_a_data_ptr_write_does_not_crash_the_fake_run():
+    """A fake tensor's data_ptr() is no memory: the fake run refuses it and the example
+    run (or shape=) gives the spec; the write itself reaches a private copy."""
+    op = ab.from_torch(_ctypes_write, name="ctw")
+    x = jnp.arange(1.0, 5.0)
+    out = op(x)
+    assert out.shape == (4,)
+    np.testing.assert_array_equal(np.asarray(x), np.arange(1.0, 5.0))
+
+
+# ----------------------------------------------------------------- pickling
+
+def _halving_vjp(primals, ct):
+    return (0.5 * ct,)
+
+
+def _sin_torch(x):
+    return torch.sin(x)
+
+
+def test_a_pickled_op_keeps_the_rule_the_user_set():
+    op = ab.from_torch(_sin_torch, name="sin_rule")
+    op.def_vjp(_halving_vjp)
+    x = jnp.linspace(0.1, 1.0, 4)
+    back = pickle.loads(pickle.dumps(op))
+    assert_close(jax.grad(lambda x: back(x).sum())(x), 0.5 * np.ones(4))
+    assert_close(back(x), np.sin(np.asarray(x)))
+    plain = pickle.loads(pickle.dumps(ab.from_torch(_sin_torch)))
+    assert_close(jax.grad(lambda x: plain(x).sum())(x), np.cos(np.asarray(x)))
+
+
+@pytest.mark.slow
+def test_a_pickled_op_keeps_the_rule_in_a_fresh_process(tmp_path):
+    import sys
+    op = ab.from_torch(_sin_torch, name="sin_rule")
+    op.def_vjp(_halving_vjp)
+    path = tmp_path / "op.pkl"
+    path.write_bytes(pickle.dumps(op))
+    res = run_fresh_python(
+        "import pickle, sys, jax, jax.numpy as jnp\n"
+        f"sys.path.insert(0, {str(__import__('pathlib').Path(__file__).parent)!r})\n"
+        f"op = pickle.loads(open({str(path)!r}, 'rb').read())\n"
+        "print(list(map(float, jax.grad(lambda x: op(x).sum())(jnp.linspace(0.1, 1.0, 4)))))\n")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == str([0.5] * 4), (res.stdout, sys.version)

@@ -15,11 +15,9 @@ piece            what it does
                  every leaf may be written and every draw may be random: the safe answer
 ===============  ===================================================================
 
-A leaf written into is handed to the function as a private copy (torch2jax's
-out-of-place semantics); the others are views, with no copy (``_torch_engine``
-makes them inference tensors, which torch refuses to write into: a write the
-fake run did not show is refused before it lands, and the call runs again on
-copies). The draws themselves are carried by ``_draws``.
+``from_torch`` asks it whether a call signature draws random numbers (its draws
+are then carried, by ``_draws``) and from which generators. Writes need no
+answer: ``_torch_engine`` hands every input to the function as a private copy.
 """
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ leaves.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 from collections.abc import Callable
@@ -39,8 +38,7 @@ import torch
 from jax import tree_util
 from torch.autograd import forward_ad
 
-from ..core._errors import HostError
-from . import _draws, _effects, _torch
+from . import _draws, _torch
 
 # ----------------------------------------------------------- arrays across
 
@@ -64,15 +62,6 @@ def _view_reader() -> Callable[[np.ndarray], torch.Tensor]:
 view_tensor = _view_reader()
 
 
-def input_tensor(a) -> torch.Tensor:
-    """An inference tensor over an input view (no copy): torch refuses to write into it
-    (``Inplace update to inference tensor``), before anything lands; a tensor kept past
-    the call is refused so too."""
-    with _INFERENCE:
-        return as_tensor(a)
-
-
-_INFERENCE = torch.inference_mode()
 
 
 def as_tensor(a) -> torch.Tensor:
@@ -134,14 +123,14 @@ def over(tree, fn):
 # -------------------------------------------------------------------- torch
 
 class TorchHost:
-    """A torch function as host code: tensors over NumPy views, NumPy arrays out.
+    """A torch function as host code: tensors in, NumPy arrays out.
 
-    Inputs are XLA's buffers, which no code may change: an input leaf that the
-    function writes into (``_effects``, found once per call signature) is handed
-    to it as a private copy, the others as inference tensors over the views, with
-    no copy, which torch refuses to write into; such a write (one the fake run did
-    not show: it depends on the data) is refused before it lands, and the call
-    runs again with every input copied, as do that signature's later calls.
+    Inputs are XLA's buffers, which no code may change: every input leaf is handed
+    to the function as a private copy (torch2jax's out-of-place semantics), so no
+    write reaches them, whatever its path (in place, ``.data``, ``out=``, a view,
+    ``.numpy()``, ``data_ptr()`` and C code, a tensor kept and written later, a
+    write that depends on the data). ``benchmarks/torch_writes.py`` measures what
+    the copies cost against the checks that find a write only after it lands.
     A call of a function that draws random numbers carries its seeds (the
     ``_draws.DRAWS`` keyword operand): it runs with its generators seeded from
     them (``draws``: the op's, shared by its derived functions).
@@ -149,11 +138,6 @@ class TorchHost:
 
     def __init__(self, fn: Callable, name: str, draws=None):
         self.fn, self.__name__, self.draws = fn, name, draws
-        self._effects: dict = {}
-        # a derived function (torch's jvp or vjp of fn) differentiates its inputs, which
-        # inference tensors refuse: it gets plain views, whose version counters tell a
-        # write afterwards (autograd itself refuses writes into the inputs it differentiates)
-        self._view = as_tensor if getattr(fn, _DERIVED, False) else input_tensor
 
     def __repr__(self) -> str:
         return f"<torch code of {self.__name__}>"
@@ -163,83 +147,20 @@ class TorchHost:
             kw = dict(kw)
             seeds = kw.pop(_draws.DRAWS)
             if self.draws is not None:
-                gens, seeds = self.draws.generators, _draws.seeds_of(seeds, self.draws.n)
-                try:
-                    with _draws.replay(gens, seeds):
-                        return self._call(args, kw)
-                except _Refused:
-                    with _draws.replay(gens, seeds):
-                        return self._call(args, kw)
-        try:
-            return self._call(args, kw)
-        except _Refused:
-            return self._call(args, kw)
+                with _draws.replay(self.draws.generators,
+                                   _draws.seeds_of(seeds, self.draws.n)):
+                    return self._call(args, kw)
+        return self._call(args, kw)
 
     def _call(self, args, kw):
         if not kw and all(type(a) is np.ndarray for a in args):  # the common case
-            key = tuple([(a.shape, a.dtype) for a in args])
-            eff = self._effects.get(key)
-            if eff is None:
-                eff = self._effects[key] = _effects.effects(self.fn, list(args),
-                                                            lambda ls: (ls, {}))
-            view = self._view
-            if eff is _effects.NONE:
-                ts = views = [view(a) for a in args]
-            else:
-                ts = [_private(a) if eff.copies(i) else view(a) for i, a in enumerate(args)]
-                views = [t for i, t in enumerate(ts) if not eff.copies(i)]
-            with _refusing(self, key, eff, views):
-                return _as_numpy_tree(self.fn(*ts))
-        leaves, tree = tree_util.tree_flatten((args, kw))
-        key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, np.ndarray) else a
-                            for a in leaves]))
-        try:
-            eff = self._effects.get(key)
-        except TypeError:  # an unhashable static keyword: not remembered
-            key, eff = None, None
-        if eff is None:
-            eff = _effects.effects(self.fn, leaves, lambda ls: tree.unflatten(ls))
-            if key is not None:
-                self._effects[key] = eff
-        view = self._view
-        ts = [(_private(a) if eff.copies(i) else view(a))
-              if isinstance(a, (np.ndarray, np.generic)) else a for i, a in enumerate(leaves)]
-        views = [t for i, t in enumerate(ts) if isinstance(leaves[i], (np.ndarray, np.generic))
-                 and not eff.copies(i)]
-        a, k = tree.unflatten(ts)
-        with _refusing(self, key, eff, views):
-            return _as_numpy_tree(self.fn(*a, **k))
+            return _as_numpy_tree(self.fn(*[_private(a) for a in args]))
+        a, k = over((args, kw), _copy_leaf)
+        return _as_numpy_tree(self.fn(*a, **k))
 
 
-class _Refused(Exception):
-    """torch refused a write into an input view: run again on copies."""
-
-
-@contextlib.contextmanager
-def _refusing(host: TorchHost, key, eff, views):
-    """A write into an inference tensor (an input view) that torch refused: that
-    signature's inputs are copied from now on, and the call runs again (``_Refused``).
-    A plain view (a derived function's) that was written: an error naming the op."""
-    try:
-        yield
-    except RuntimeError as e:
-        if "nference tensor" not in str(e) or eff.writes is None or key is None:
-            raise
-        host._effects[key] = _effects.Effects(None, eff.random, eff.generators)
-        raise _Refused from e
-    if host._view is as_tensor:
-        _untouched(host.__name__, views)
-
-
-def _untouched(name: str, ts) -> None:
-    """A view whose version counter moved: a write that the fake run did not foresee."""
-    for i, t in enumerate(ts):
-        if _torch.version_of(t):
-            raise HostError(
-                f"anybind op '{name}': the torch function wrote into its input leaf {i} "
-                f"({tuple(t.shape)}, {t.dtype}) in place, which running it on fake tensors "
-                f"did not show (a write that depends on the data?); its inputs are XLA's "
-                f"buffers, which are immutable. Compute out of place")
+def _copy_leaf(a):
+    return _private(a) if isinstance(a, (np.ndarray, np.generic)) else a
 
 
 def _private(a) -> torch.Tensor:
@@ -481,9 +402,7 @@ class TorchVmap:
             out, b = self.batched(axis_size, in_batched, *a, **k)
             flag.append(b)
             return out
-        host = TorchHost(run, self.__name__, self.draws)
-        host._view = as_tensor if getattr(self.fn, _DERIVED, False) else input_tensor
-        return host(*args, **kw), flag[0]
+        return TorchHost(run, self.__name__, self.draws)(*args, **kw), flag[0]
 
 
 class TorchVmapDevice(TorchVmap):
