@@ -641,11 +641,14 @@ def _module_function(module: torch.nn.Module, return_state: bool,
         for n in hidden:
             if group[n] == n:
                 given[n] = names[n].detach().clone()
-        out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
-        if return_state:
-            return out, copies
-        if training and not discard_state:
-            written = sorted(n for n, v in copies.items() if _written(v))
+        if return_state or discard_state or not training or _torch.transforms_active():
+            out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
+            return (out, copies) if return_state else out
+        watch = _effects.Watch(list(copies.values()))  # which buffers the call updates
+        with watch:
+            out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
+        if watch.writes:
+            written = sorted(n for i, n in enumerate(copies) if i in watch.writes)
             if written:
                 raise StateError(
                     f"anybind op '{name}': the module is in train mode and its call updates "
@@ -657,14 +660,6 @@ def _module_function(module: torch.nn.Module, return_state: bool,
     call_module.__name__ = type(module).__name__
     call_module.module = module
     return call_module
-
-
-def _written(t: torch.Tensor) -> bool:
-    """Whether a fresh copy has been written into (its version counter moved)."""
-    try:
-        return _torch.version_of(t) > 0
-    except RuntimeError:  # a tensor without a version counter (a transform's wrapper)
-        return False
 
 
 _frontends.MAKERS["torch"] = torch_op

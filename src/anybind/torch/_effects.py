@@ -68,7 +68,7 @@ def _written(func, args, kwargs) -> list:
     return out
 
 
-class _Watch(_torch.TorchDispatchMode):
+class Watch(_torch.TorchDispatchMode):
     """Records, for each op run on the fake inputs, writes into them and random draws."""
 
     def __init__(self, inputs: list):
@@ -90,16 +90,12 @@ class _Watch(_torch.TorchDispatchMode):
 
 
 class NoData(torch.overrides.TorchFunctionMode):
-    """Fake runs: a function that reaches for a tensor's memory (``data_ptr()``, its
-    storage, ``.numpy()``) fails at once, as ``.numpy()`` does on a fake tensor, rather
-    than writing through an address that is no memory (C code, ctypes)."""
-
-    _REFUSED = frozenset({"data_ptr", "untyped_storage", "_typed_storage", "storage",
-                          "numpy", "__array__", "__dlpack__"})
+    """Fake runs: ``data_ptr()`` of a fake tensor fails at once, as ``.numpy()`` does,
+    rather than handing C code (ctypes) an address that is no memory."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", None) in self._REFUSED:
-            raise RuntimeError(f"{func.__name__}() on a fake tensor: it has no memory")
+        if getattr(func, "__name__", None) == "data_ptr" and args and _torch.is_fake(args[0]):
+            raise RuntimeError("data_ptr() of a fake tensor: it has no memory")
         return func(*args, **(kwargs or {}))
 
 
@@ -111,7 +107,7 @@ def effects(fn, leaves: list, rebuild) -> Effects:
             fakes = [mode.from_tensor(_empty(a)) if _is_array(a) else a for a in leaves]
             inputs = [f for f in fakes if isinstance(f, torch.Tensor)]
             index = [i for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
-            watch = _Watch(inputs)
+            watch = Watch(inputs)
             args, kw = rebuild(fakes)
             with NoData(), watch, torch.no_grad():
                 fn(*args, **kw)
