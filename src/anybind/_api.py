@@ -335,6 +335,16 @@ def handle_of(core: CoreOp) -> Op:
     return h
 
 
+def subclassed(handle: Op, cls: type) -> Op:
+    """A handle of ``cls`` (a front end's ``Op`` subclass) on ``handle``'s op, recording
+    only the ``def_*`` calls made on it from now on (the user's, which pickle with it)."""
+    h = object.__new__(cls)
+    h.__dict__.update(handle.__dict__)
+    fn, options, _ = handle._made
+    object.__setattr__(h, "_made", (fn, options, []))
+    return h
+
+
 def pickled_as(handle: Op, make: Callable, args: tuple, kwargs: dict) -> Op:
     """Let ``handle`` pickle as ``make(*args, **kwargs)``, a front end's own constructor
     (``ab.from_torch``) rather than the ``bind`` and rules it made."""

@@ -42,8 +42,7 @@ from .. import _api
 from ..core import _closures, _frontends, _sharding
 from ..core._jax import ShapedArray
 from ..core._op import MODES, core_of, is_mode
-from ..core._spec import infer_outputs, is_float
-from ..core._spec import like as ab_like
+from ..core._spec import infer_outputs, is_float, like as ab_like
 from . import _draws, _effects, _jax_engine, _torch, _torch_engine
 from ._front import TorchOp, _compiled_entry, front_of
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
@@ -181,11 +180,9 @@ class FromTorch(_api.Op):
 
     @staticmethod
     def of(handle: _api.Op) -> FromTorch:
-        h = object.__new__(FromTorch)
-        h.__dict__.update(handle.__dict__)
-        fn, options, _ = handle._made  # the bridge's own rules: from_torch makes them again
-        object.__setattr__(h, "_made", (fn, options, []))  # the user's def_* calls, to pickle
-        return h
+        """The handle on a bridge op (its own rules, set by ``bridge``, are not recorded:
+        ``from_torch`` makes them again when unpickled; the user's ``def_*`` calls are)."""
+        return _api.subclassed(handle, FromTorch)
 
     def __call__(self, *args, **kw):
         core = self._core

@@ -105,7 +105,7 @@ def generators(fn) -> list:
         inner = getattr(obj, "module", None)  # a module function (``_module_function``)
         if isinstance(inner, torch.nn.Module):
             visit(inner, depth + 1)
-        call = getattr(type(obj), "__call__", None)
+        call = vars(type(obj)).get("__call__")  # a callable object: its own code and state
         if isinstance(call, types.FunctionType) and not isinstance(obj, type):
             visit(vars(obj) if hasattr(obj, "__dict__") else (), depth + 1)
             visit(call, depth + 1)

@@ -200,9 +200,10 @@ def plain_tree(out):
 
 class TorchDevice(TorchHost):
     """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``).
-    (Inputs are copied only where the function writes; random draws are not replayed.)"""
+    (Inputs are copied; draws from CUDA's generator are not carried.)"""
 
     def __call__(self, *args, stream: int, **kw):
+        kw.pop(_draws.DRAWS, None)  # (CUDA's generator: not carried, see the contracts)
         if not torch.cuda.is_available():
             raise RuntimeError(
                 f"anybind op '{self.__name__}' runs torch code in a GPU program, which needs "
