@@ -519,3 +519,26 @@ def test_a_pickled_op_keeps_the_rule_in_a_fresh_process(tmp_path):
         "print(list(map(float, jax.grad(lambda x: op(x).sum())(jnp.linspace(0.1, 1.0, 4)))))\n")
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == str([0.5] * 4), (res.stdout, sys.version)
+
+
+# ------------------------------------------- plain host code that calls torch
+
+@pytest.mark.parametrize("wrap", ["from_numpy", "from_dlpack", "as_tensor", "asarray"])
+def test_host_code_wrapping_its_input_with_torch_cannot_write_it(wrap):
+    def host(x):
+        t = getattr(torch, wrap)(x)
+        t.mul_(3)  # into what torch wrapped: a private copy
+        return t.numpy() + 1
+    op = ab.bind(host, shape=ab.like(0), name=f"host_{wrap}")
+    for run in (op, jax.jit(op)):
+        x = jnp.arange(4.0)
+        got = run(x)
+        np.testing.assert_array_equal(np.asarray(x), np.arange(4.0))
+        assert_close(got, 3 * np.arange(4.0) + 1)
+
+
+def test_torch_wrappers_are_torchs_own_outside_host_code():
+    a = np.arange(3.0)
+    t = torch.from_numpy(a)
+    t.add_(1)
+    np.testing.assert_array_equal(a, np.arange(3.0) + 1)  # shares memory, as torch does
