@@ -542,3 +542,42 @@ def test_torch_wrappers_are_torchs_own_outside_host_code():
     t = torch.from_numpy(a)
     t.add_(1)
     np.testing.assert_array_equal(a, np.arange(3.0) + 1)  # shares memory, as torch does
+
+
+# ------------------------------------------- how the carried draws could go wrong
+
+def _drop_p(x, *, p):
+    return torch.nn.functional.dropout(x, p) * x
+
+
+def test_static_keywords_and_keyword_operands_with_draws():
+    op = ab.from_torch(_drop_p, name="drop_p")
+    x = _x()
+    y, pb = jax.vjp(lambda x: op(x, p=0.3), x)
+    g, m = np.asarray(pb(jnp.ones(64))[0]), np.asarray(y) != 0
+    assert 0 < m.sum() < 64
+    assert_close(g, np.where(m, 2 * np.asarray(x) / 0.7, 0.0))  # d(x²·m/0.7)/dx
+    op2 = ab.from_torch(lambda x, *, w: torch.nn.functional.dropout(x, 0.5) * x * w)
+    y, pb = jax.vjp(lambda x: op2(x, w=jnp.full(64, 1.0)), x)
+    _check(y, pb(jnp.ones(64))[0], x)
+
+
+def test_a_pickled_random_op_still_carries_its_draws():
+    back = pickle.loads(pickle.dumps(ab.from_torch(_drop_p)))
+    x = _x()
+    y, pb = jax.vjp(lambda x: back(x, p=0.5), x)
+    _check(y, pb(jnp.ones(64))[0], x)
+
+
+def test_a_users_rule_on_a_random_op_gets_no_hidden_operand():
+    op = ab.from_torch(lambda x: torch.nn.functional.dropout(x, 0.5) * x, name="ruled")
+    seen = []
+
+    @op.def_vjp
+    def _(primals, ct, **kw):
+        seen.append(sorted(kw))
+        return (ct,)
+    x = _x()
+    g = jax.grad(lambda x: op(x).sum())(x)
+    assert_close(g, np.ones(64))
+    assert seen == [[]]
