@@ -10,7 +10,8 @@ overhead alone), eager and jitted, at n = 1, 10³, 10⁶ float64:
 - ``copies``: every input a private copy (what ``from_torch`` does): no write by
   any path reaches XLA's buffer.
 
-Run: ``python benchmarks/torch_writes.py`` (prints a table; µs per call, the best of
+Run: ``python benchmarks/torch_writes.py`` (prints a table; CPU µs per call (``time.process_time``:
+every thread, not the waits of a busy machine), the best of
 ``ROUNDS`` rounds that interleave the candidates).
 """
 import time
@@ -29,11 +30,11 @@ def timer(f, x, reps):
         jax.block_until_ready(f(x))
 
     def once():
-        t = time.perf_counter()
+        t = time.process_time()
         for _ in range(reps):
             r = f(x)
         jax.block_until_ready(r)
-        return (time.perf_counter() - t) / reps * 1e6
+        return (time.process_time() - t) / reps * 1e6
     return once
 
 

@@ -1,13 +1,13 @@
-"""The torch engine of the bridges: torch code on NumPy views of XLA's buffers.
+"""The torch engine of the bridges: torch code on XLA's buffers.
 
 What ``ab.from_torch`` needs from torch (see ``_bridges``):
 
 ================  ==================================================================
 piece             what it does
 ================  ==================================================================
-``TorchHost``     fn on tensors over the views (DLPack, ``torch.from_numpy``: no copy
-                  in), NumPy views of its results out (XLA's runner copies them into
-                  its output buffers); an input written in place is an error
+``TorchHost``     fn on tensors over private copies of the inputs (no write reaches
+                  XLA's buffers), NumPy views of its results out (XLA's runner copies
+                  them into its output buffers); a call's carried draws replayed
 ``TorchDevice``   the same on CuPy views of XLA's device buffers, on XLA's stream
 ``TorchVmap``     the vmap rule: ``torch.vmap`` of fn, one call for the whole batch
 ``torch_jvp_of``  (x, ẋ) ↦ ∂f(x)·ẋ by torch's forward mode
