@@ -93,7 +93,7 @@ def test_batch_norm_module_in_train_mode_leaves_params_alone():
     net = torch.nn.BatchNorm1d(3).double().train()
     params = _state(net)
     kept = {k: np.array(v) for k, v in params.items()}
-    op = ab.from_torch(net)
+    op = ab.from_torch(net, discard_state=True)  # (without it: an error, see round 4)
     x = jnp.asarray(randn((6, 3)))
     assert_close(op(params, x), _np(net(_t(x))))
     _unchanged(params, kept)
@@ -103,19 +103,25 @@ def _data_ptr_of_input(fn):
     seen = []
 
     def f(x):
-        seen.append(x.data_ptr())
+        try:
+            seen.append(x.data_ptr())
+        except RuntimeError:  # a fake tensor's data_ptr() (the fake run): no memory
+            pass
         return fn(x)
     return f, seen
 
 
-def test_copies_are_made_only_for_inputs_written_into():
+def test_inputs_are_private_copies():
+    """Every input is a private copy, so that no write, by any path, reaches XLA's buffer
+    (round 4: a write that depends on the data, ``.numpy()`` or ``data_ptr()`` writes,
+    a tensor kept and written later are all invisible to a run on fake tensors)."""
     reader, seen_r = _data_ptr_of_input(lambda x: x * 2)
     writer, seen_w = _data_ptr_of_input(lambda x: x.mul_(2))
     x = jnp.asarray(randn((1000,)))
     assert_close(ab.from_torch(reader, name="reader")(x), 2 * np.asarray(x))
     assert_close(ab.from_torch(writer, name="writer")(x), 2 * np.asarray(x))
-    assert seen_r[-1] == x.unsafe_buffer_pointer()  # a view of XLA's buffer
-    assert seen_w[-1] != x.unsafe_buffer_pointer()  # a private copy
+    assert seen_r[-1] != x.unsafe_buffer_pointer()
+    assert seen_w[-1] != x.unsafe_buffer_pointer()
 
 
 # --------------------------------------- 3. derivatives use the value's random draws

@@ -392,8 +392,9 @@ def test_gpu_bridges_and_device_code_copy_nothing_through_the_host(tmp_path):
 @gpu
 @pytest.mark.gpu
 def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
-    """ab.from_torch in a GPU program: the torch function gets CUDA tensors over XLA's
-    buffers on XLA's stream; values and jit(grad), vmap, hessian against JAX's own."""
+    """ab.from_torch in a GPU program: the torch function gets CUDA tensors (private
+    copies of XLA's buffers, as on the CPU) on XLA's stream; values and jit(grad), vmap,
+    hessian against JAX's own."""
     torch = pytest.importorskip("torch")
     import cupy as cp
 
@@ -416,7 +417,7 @@ def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
     f = lambda x: jnp.sin(x) ** 3
     assert_close(jax.jit(op)(x), f(x), **TOL)
     device, ptr, torch_stream, cupy_stream = seen[-1]
-    assert device == "cuda" and ptr == x.unsafe_buffer_pointer()
+    assert device == "cuda" and ptr != x.unsafe_buffer_pointer()  # a copy
     assert torch_stream == cupy_stream != 0
     assert_close(jax.jit(jax.grad(lambda x: op(x).sum()))(x),
                  jax.grad(lambda x: f(x).sum())(x), **TOL)
@@ -431,7 +432,7 @@ def test_gpu_from_torch_runs_on_xlas_buffers_and_stream():
 @pytest.mark.gpu
 def test_gpu_from_torch_writes_into_a_private_copy():
     """torch code that writes into its input, in a GPU program: it writes into a copy
-    (XLA's buffer keeps its values), and only that input is copied."""
+    (XLA's buffer keeps its values)."""
     pytest.importorskip("torch")
     from anybind.torch import _torch
     seen = []
@@ -448,7 +449,7 @@ def test_gpu_from_torch_writes_into_a_private_copy():
     y = jax.device_put(np.ones(4), gpu_dev)
     assert_close(jax.jit(op)(x, y), 2 * np.arange(4.0) + 1, **TOL)
     assert_close(x, np.arange(4.0), **TOL)
-    assert seen[-1] == y.unsafe_buffer_pointer()  # y is not written: no copy
+    assert seen and seen[-1] != y.unsafe_buffer_pointer()  # every input is a copy
 
 
 @gpu

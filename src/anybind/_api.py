@@ -54,10 +54,14 @@ class Op(Handle):
         an op pickles wherever its function, rules and spec do (see ``portable``)."""
         name = self._core.name
         remake = self.__dict__.get("_remake")
+        fn, options, defs = self._made
         if remake is not None:
             make, args, kwargs = remake
-            return remade(make, args, kwargs, name)
-        fn, options, defs = self._made
+            made = remade(make, args, kwargs, name)
+            if not defs:
+                return made
+            return _remade_then, (*made, tuple((d, portable(r, name, f"{d} rule"), kw)
+                                                 for d, r, kw in defs))
         if options is None:  # a handle_of handle: how the op was made is not known here
             raise pickle.PicklingError(
                 f"anybind op '{name}' was given back by a front end (ab.from_torch of its "
@@ -331,6 +335,16 @@ def handle_of(core: CoreOp) -> Op:
     return h
 
 
+def subclassed(handle: Op, cls: type) -> Op:
+    """A handle of ``cls`` (a front end's ``Op`` subclass) on ``handle``'s op, recording
+    only the ``def_*`` calls made on it from now on (the user's, which pickle with it)."""
+    h = object.__new__(cls)
+    h.__dict__.update(handle.__dict__)
+    fn, options, _ = handle._made
+    object.__setattr__(h, "_made", (fn, options, []))
+    return h
+
+
 def pickled_as(handle: Op, make: Callable, args: tuple, kwargs: dict) -> Op:
     """Let ``handle`` pickle as ``make(*args, **kwargs)``, a front end's own constructor
     (``ab.from_torch``) rather than the ``bind`` and rules it made."""
@@ -412,6 +426,14 @@ def _lookup(module: str, qualname: str) -> Any:
     for part in qualname.split("."):
         found = getattr(found, part)
     return found
+
+
+def _remade_then(make: Callable, args: tuple, defs: tuple) -> Op:
+    """A front end's op made again, then each ``def_*`` call made on it since."""
+    op = make(*args)
+    for name, rule, kwargs in defs:
+        getattr(op, name)(rule, **kwargs)
+    return op
 
 
 def _remade(fn: Callable, options: Options, defs: tuple) -> Op:

@@ -10,6 +10,8 @@ name              what it holds
 ``LIVE_OPS``      every live op by ``id``, for front ends that can pass only
                   numbers (``torch.compile``)
 ``front``         ``MAKERS[name](op)``, importing the front end at its first use
+``load_present``  imports each front end whose framework the process has imported,
+                  so that it guards host code that calls that framework
 ================  ===============================================================
 
 A front end fills these when it is imported; ``front`` imports it by name
@@ -18,6 +20,7 @@ A front end fills these when it is imported; ``front`` imports it by name
 from __future__ import annotations
 
 import importlib
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -34,3 +37,15 @@ def front(name: str, op) -> Any:
         importlib.import_module(f"{__package__.rpartition('.')[0]}.{name}")  # registers itself
         make = MAKERS[name]
     return make(op)
+
+
+# front end name -> the framework module whose presence calls for it
+FRAMEWORKS = {"torch": "torch"}
+
+
+def load_present() -> None:
+    """Import the front ends of the frameworks already imported (routes call this when
+    they lower host code, which may call those frameworks on its read-only inputs)."""
+    for name, module in FRAMEWORKS.items():
+        if name not in MAKERS and module in sys.modules:
+            importlib.import_module(f"{__package__.rpartition('.')[0]}.{name}")

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import jax.ffi
 import numpy as np
 
-from ..core import _debug, _jax
+from ..core import _debug, _frontends, _jax
 from ..core._batching import declared_out_batched, host_mode
 from ..core._errors import (
     HostError,
@@ -323,6 +323,11 @@ _running = [0]
 _running_lock = threading.Lock()
 
 
+def in_host_call() -> bool:
+    """Whether host code of an op runs on this thread now (for front ends' guards)."""
+    return _nesting.get() > 0
+
+
 def host_callback(call: Call, role_name: str, runner: Callable,
                   device: bool = False) -> Callable:
     """``guarded(ins, outs)``: runs ``runner`` on arrays, keeps a failure's HostError.
@@ -333,6 +338,7 @@ def host_callback(call: Call, role_name: str, runner: Callable,
     """
     op_name, op = call.op.name, call.op
     copy = call.debug and not device
+    _frontends.load_present()  # their guards (torch's wrappers of read-only inputs)
 
     def guarded(ins, outs):
         depth = _nesting.get() + 1

@@ -6,6 +6,7 @@ Modules, bottom to top (each imports only those above it in this table):
 module             what it holds
 =================  ==============================================================
 ``_torch``         the one seam for torch's private APIs
+``_guard``         torch's wrappers of NumPy memory copy host code's read-only inputs
 ``_run``           dtypes, NumPy views, traced code on tensors, one node application
 ``_ad``            what a node's ``backward``, ``jvp`` and ``vmap`` compute, and the
                    ``torch.autograd.Function`` that calls them
@@ -23,4 +24,4 @@ module             what it holds
 Importing this package registers the front end with core
 (``core._frontends``): ``op.torch`` and bound ops called on torch tensors.
 """
-from . import _bridges  # noqa: F401  (_front and _bridges register the front end)
+from . import _bridges, _guard  # noqa: F401  (they register the front end, and guard)

@@ -44,8 +44,8 @@ from ..core import _closures, _frontends, _sharding
 from ..core._errors import HostError
 from ..core._jax import ShapedArray
 from ..core._op import MODES, core_of, is_mode
-from ..core._spec import infer_outputs, is_float
-from . import _jax_engine, _torch, _torch_engine
+from ..core._spec import infer_outputs, is_float, like as ab_like
+from . import _draws, _effects, _jax_engine, _torch, _torch_engine
 from ._front import TorchOp, _compiled_entry, front_of
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
 
@@ -77,6 +77,8 @@ class Bridge:
         self.engine, self.fn, self.vmap = engine, fn, vmap
         self.derived: dict = {}
         self.version = -1  # the op's version once the bridge's own rules are set
+        self.drawn: dict = {}  # call signature -> whether its calls draw random numbers
+        self.draws = None  # the generators of its draws (``_draws.Draws``)
 
 
 # each bridge op's Bridge, kept as long as the op lives
@@ -88,7 +90,7 @@ BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
                shard: str | None = None, replicated: tuple[str, ...] = (),
                examples: Callable[[], tuple] | None = None,
-               return_state: bool = False) -> Op:
+               return_state: bool = False, discard_state: bool = False) -> Op:
     """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
 
     Args:
@@ -112,7 +114,10 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         (``ab.check(op)`` then runs without arguments).
       return_state: for a module: the op returns ``(out, state)``, ``state`` the
         buffers after the call, so that a module in train mode (a batch norm
-        updating its running statistics) trains functionally.
+        updating its running statistics) trains functionally. Without it, a call
+        that updates buffers (train mode) is an error naming them, as in flax.
+      discard_state: for a module in train mode: drop its buffer updates on purpose
+        (no error); the buffers you pass are used as they are at every call.
 
     No torch code changes a JAX array: an input the function writes into (found
     by running it once on fake tensors) is handed to it as a private copy, so
@@ -149,9 +154,11 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
     given = fn
     if isinstance(fn, torch.nn.Module):
-        fn = _module_function(fn, return_state)
-    elif return_state:
-        raise TypeError(f"ab.from_torch: return_state=True is for an nn.Module (its buffers "
+        fn = _module_function(fn, return_state, discard_state,
+                              name or type(fn).__name__)
+    elif return_state or discard_state:
+        raise TypeError(f"ab.from_torch: {'return' if return_state else 'discard'}_state=True "
+                        f"is for an nn.Module (its buffers "
                         f"after the call), got {type(fn).__name__}")
     if not callable(fn):
         raise TypeError(f"ab.from_torch expects a function of torch tensors or an "
@@ -160,11 +167,105 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         raise ValueError(f"ab.from_torch: vmap must be None (torch.vmap), one of {MODES} or a "
                          f"rule on tensors, got {vmap!r}")
     name = name or getattr(fn, "__name__", None) or "torch_fn"
-    op = bridge(TORCH, fn, name=name, shape=FakeSpec(fn, name) if shape is None else shape,
-                vmap=vmap, shard=shard, replicated=replicated, examples=examples)
+    spec = FakeSpec(fn, name) if shape is None else _without_draws(shape)
+    op = bridge(TORCH, fn, name=name, shape=spec, vmap=vmap, shard=shard,
+                replicated=replicated, examples=examples)
+    op = FromTorch.of(op)
     return _api.pickled_as(op, from_torch, (given,), dict(
         shape=shape, name=name, vmap=vmap, shard=shard, replicated=replicated,
-        examples=examples, return_state=return_state))
+        examples=examples, return_state=return_state, discard_state=discard_state))
+
+
+class FromTorch(_api.Op):
+    """The handle ``from_torch`` gives: a call of a function that draws random numbers
+    carries its seeds (``_draws``) as one more keyword operand, which its derivatives
+    receive with the others. Whether a call signature draws is found once, by running
+    the function on fake tensors; a draw from a generator that cannot be carried (not
+    torch's global one, and not one the function holds where ``_draws.generators``
+    looks) is an error naming the op, at the first call."""
+
+    @staticmethod
+    def of(handle: _api.Op) -> FromTorch:
+        """The handle on a bridge op (its own rules, set by ``bridge``, are not recorded:
+        ``from_torch`` makes them again when unpickled; the user's ``def_*`` calls are)."""
+        return _api.subclassed(handle, FromTorch)
+
+    def __call__(self, *args, **kw):
+        core = self._core
+        b = BRIDGES.get(core)
+        if b is None or b.version != core.version:  # the user's own rules: as they are
+            return core(*args, **kw)
+        if not kw and all(isinstance(a, jax.Array) for a in args):  # the common case
+            key = tuple([(a.shape, a.dtype) for a in args])
+            leaves = args
+        else:
+            leaves, tree = tree_util.tree_flatten((args, kw))
+            key = (tree, tuple([(a.shape, a.dtype) if hasattr(a, "dtype") else a
+                                for a in leaves]))
+        try:
+            drawn = b.drawn.get(key)
+        except TypeError:  # an unhashable static keyword
+            key, drawn = None, None
+        if drawn is None:
+            drawn = _draws_of(core, b, args, kw)
+            if key is not None:
+                b.drawn[key] = drawn
+        if not drawn:
+            return core(*args, **kw)
+        seeds = b.draws.seeds_for([a for a in leaves if hasattr(a, "dtype")])
+        return core(*args, **kw, **{_draws.DRAWS: seeds})
+
+
+def _without_draws(shape):
+    """A user's output spec callable, called without the draws a call carries."""
+    if not callable(shape) or isinstance(shape, ab_like):
+        return shape
+    return _SpecWithoutDraws(shape)
+
+
+class _SpecWithoutDraws:
+    def __init__(self, shape: Callable):
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        return repr(self.shape)
+
+    def __call__(self, *args, **kw):
+        kw.pop(_draws.DRAWS, None)
+        return self.shape(*args, **kw)
+
+
+def _draws_of(core, b: Bridge, args: tuple, kw: dict) -> bool:
+    """Whether calls like this one draw random numbers (the fake run's answer)."""
+    operands, static = _torch_engine.split_static(kw)
+    leaves, tree = tree_util.tree_flatten((args, operands))
+    specs = [jax.ShapeDtypeStruct(np.shape(a), _dtype_of(a)) for a in leaves]
+
+    def rebuild(ts):
+        a, k = tree.unflatten(ts)
+        return a, {**k, **static}
+    eff = _effects.effects(b.fn, specs, rebuild)
+    if not eff.random:
+        return False
+    lost = [g for g in eff.generators if not b.draws.known(g)]
+    if lost:
+        raise TypeError(
+            f"anybind op '{core.name}': its torch function draws from a torch.Generator "
+            f"({lost[0]!r}) that anybind cannot find, so the draws of a call cannot be "
+            f"carried to its derivatives. Keep the generator where it can be found (a "
+            f"global, a closure variable, a default argument, or an attribute of the "
+            f"module), or draw from torch's global generator")
+    if core.shard is not None:
+        raise TypeError(
+            f"anybind op '{core.name}': its torch function draws random numbers, which a "
+            f"call run per shard (shard=) cannot carry to its derivatives; drop shard=")
+    return True
+
+
+def _dtype_of(a):
+    if hasattr(a, "dtype"):
+        return np.dtype(a.dtype)
+    return np.asarray(a).dtype
 
 
 def to_torch(fn: Callable, *, name: str | None = None) -> TorchOp:
@@ -221,8 +322,10 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
     opts = dict(shape=shape, name=name, shard=shard, replicated=replicated, examples=examples,
                 vmap=vmap if is_mode(vmap) else None)
     host = engine.host(fn, name)
-    if parent is not None and engine.native:  # its random draws are its root's
-        host.root, host.depth = parent.host.root, parent.host.depth + 1
+    draws = None
+    if engine.native:  # the generators its draws come from: its root's
+        draws = parent.draws if parent is not None else _draws.Draws(fn, name)
+        host.draws = draws
     if engine.device is not None:
         handle = _api.bind(engine.device(fn, name), device=True, host=host, **opts)
     else:
@@ -232,13 +335,14 @@ def bridge(engine: Engine, fn: Callable, *, name: str, shape, vmap=None, shard=N
         user = None if vmap is None else vmap
         kw = {"out_batched": True} if user is None else {}
         if engine.vmap_device is not None:
-            handle.def_vmap(engine.vmap_device(fn, name, user), device=True,
-                            host=engine.vmap(fn, name, user), **kw)
+            vm = engine.vmap(fn, name, user)
+            vm.draws = draws
+            handle.def_vmap(engine.vmap_device(fn, name, user), device=True, host=vm, **kw)
         else:
             handle.def_vmap(engine.vmap(fn, name), **kw)
         core.declare_vmap("sequential")  # for host rules the user adds
     b = BRIDGES[core] = Bridge(engine, fn, vmap)
-    b.host = host
+    b.host, b.draws = host, draws
     handle.def_jvp(_rule(core, "jvp"), traced=True)
     handle.def_vjp(_rule(core, "vjp"), traced=True)
     b.version = core.version  # op.torch is the torch code itself until a rule changes
@@ -353,11 +457,14 @@ class FakeSpec:
         return "(inferred with torch's fake tensors)"
 
     def __call__(self, *args, **kw):
+        kw.pop(_draws.DRAWS, None)
         try:
-            with _torch.FakeTensorMode(allow_non_fake_inputs=True):
+            with _torch.FakeTensorMode(allow_non_fake_inputs=True), _effects.NoData():
                 return self._spec(args, kw, torch.empty)
         except _torch.DynamicOutputShapeException as e:  # the shape depends on the data
             raise self._error(e) from None
+        except StateError:
+            raise
         except Exception:  # noqa: BLE001  (.item(), a module made inside: real inputs)
             pass
         try:  # as wrap-torch2jax does: one run on example inputs, ones
@@ -367,6 +474,8 @@ class FakeSpec:
                     return self._spec(args, kw, torch.ones)
             finally:
                 torch.set_rng_state(state)
+        except StateError:
+            raise
         except Exception as e:
             raise self._error(e) from None
 
@@ -472,14 +581,24 @@ class Shard:
 
 # ------------------------------------------------------------------- helpers
 
-def _module_function(module: torch.nn.Module, return_state: bool) -> Callable:
+class StateError(TypeError):
+    """A module op's params dict or buffer updates break the module-state contract."""
+
+
+def _module_function(module: torch.nn.Module, return_state: bool,
+                     discard_state: bool, name: str) -> Callable:
     """``(params, *inputs, **kw) -> module(*inputs, **kw)`` with ``params`` swapped in.
 
-    Buffers (a batch norm's running statistics) are never differentiated: they go
-    in detached. Of tied names (one tensor under several names of ``state_dict``),
-    the first given is used, in every place the tensor is (a submodule held twice
-    is one place). With ``return_state``, the result is ``(out, state)``: the
-    buffers after the call (what a module in train mode updates), from copies.
+    ``params`` must hold the names of ``module.state_dict()``: an unknown name, or a
+    tensor none of whose names is given, is a ``StateError`` naming them (of tied
+    names, one tensor under several names, the first given is used, in every place
+    the tensor is; a submodule held twice is one place). Buffers (a batch norm's
+    running statistics) are never differentiated: they go in detached. The module's
+    own tensors are never touched: in train mode every buffer goes in as a copy, and
+    buffers outside ``state_dict`` (non-persistent ones) as copies of the module's.
+    A buffer that a call updates must come back (``return_state``: the result is
+    ``(out, state)``, the buffers after the call) or be dropped on purpose
+    (``discard_state``); otherwise the call is a ``StateError`` naming the buffers.
     """
     names = dict(module.named_parameters(remove_duplicate=False))
     names.update(module.named_buffers(remove_duplicate=False))
@@ -491,22 +610,63 @@ def _module_function(module: torch.nn.Module, return_state: bool) -> Callable:
         places.setdefault((id(module.get_submodule(prefix)), attr), n)
     slots = list(places.values())  # one name per place the module keeps a tensor
     buffers = {n for n, _ in module.named_buffers(remove_duplicate=False)}
+    keys = set(module.state_dict().keys())
+    required: dict = {}  # tie group -> its names in state_dict
+    for n in keys:
+        required.setdefault(group.get(n, n), []).append(n)
+    hidden = [n for n in buffers if n not in keys]  # non-persistent: the module's own, copied
+    owners = [m for m in module.modules() if any(True for _ in m.buffers(recurse=False))]
+
+    def check(params) -> None:
+        if not isinstance(params, dict):
+            raise StateError(f"anybind op '{name}': a module op is called as op(params, "
+                             f"*inputs), params a dict keyed as module.state_dict(); got "
+                             f"{type(params).__name__}")
+        unknown = sorted(k for k in params if k not in keys)
+        missing = sorted(ns[0] if len(ns) == 1 else " / ".join(sorted(ns))
+                         for ns in required.values() if not any(n in params for n in ns))
+        if unknown or missing:
+            parts = ([f"unknown key(s) {unknown}"] if unknown else []) + \
+                ([f"missing key(s) {missing}"] if missing else [])
+            raise StateError(
+                f"anybind op '{name}': its params dict must hold exactly the keys of the "
+                f"module's state_dict() (parameters and buffers; of tied names, one is "
+                f"enough); it has {' and '.join(parts)}. Build it as "
+                f"{{k: jnp.asarray(v.numpy()) for k, v in module.state_dict().items()}}")
 
     def call_module(params, *inputs, **kw):
-        chosen, state = {}, {}
+        check(params)
+        training = any(m.training for m in owners)
+        chosen, copies = {}, {}
         for n, v in params.items():
             g = group.get(n, n)
             if g in chosen:
                 continue
             if n in buffers:
                 v = v.detach()
-                if return_state:
-                    v = state[n] = v.clone()
+                if return_state or training:
+                    v = copies[n] = v.clone()
             chosen[g] = v
         given = {n: chosen[group[n]] for n in slots if group[n] in chosen}
-        given.update((n, v) for n, v in params.items() if n not in group)  # torch's error
-        out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
-        return (out, state) if return_state else out
+        for n in hidden:
+            if group[n] == n:
+                given[n] = names[n].detach().clone()
+        if return_state or discard_state or not training or _torch.transforms_active():
+            out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
+            return (out, copies) if return_state else out
+        watch = _effects.Watch(list(copies.values()))  # which buffers the call updates
+        with watch:
+            out = torch.func.functional_call(module, given, inputs, kw, tie_weights=False)
+        if watch.writes:
+            written = sorted(n for i, n in enumerate(copies) if i in watch.writes)
+            if written:
+                raise StateError(
+                    f"anybind op '{name}': the module is in train mode and its call updates "
+                    f"the buffer(s) {written}, which the op would drop. Take them back with "
+                    f"ab.from_torch(module, return_state=True) (the op returns (out, state)), "
+                    f"or call module.eval() first; ab.from_torch(module, discard_state=True) "
+                    f"drops them on purpose")
+        return out
     call_module.__name__ = type(module).__name__
     call_module.module = module
     return call_module

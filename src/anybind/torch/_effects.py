@@ -8,29 +8,25 @@ piece            what it does
 ===============  ===================================================================
 ``effects``      one run of the function on fake tensors (no data): the input leaves
                  it writes into (through any alias: a view, ``.data``, ``out=``, a
-                 batch norm's running statistics) and whether it draws random numbers
+                 batch norm's running statistics), whether it draws random numbers,
+                 and from which ``torch.Generator`` objects
 ``Effects``      the answer, per call signature; where the fake run fails (``.numpy()``,
-                 ``.item()``, a C extension without a fake kernel) every leaf may be
-                 written and every draw may be random: the safe answer
-``Draws``        torch's RNG state per call: a call records the state it started from,
-                 keyed by its primal inputs' values; the derivatives of that call (the
-                 derived bridges, run later on the same values) start from the same
-                 state and leave the generator as they found it (as
-                 ``torch.utils.checkpoint`` does)
+                 ``.item()``, ``data_ptr()``, a C extension without a fake kernel)
+                 every leaf may be written and every draw may be random: the safe answer
 ===============  ===================================================================
 
-A leaf written into is handed to the function as a private copy (torch2jax's
-out-of-place semantics); the others are views, with no copy.
+``from_torch`` asks it whether a call signature draws random numbers (its draws
+are then carried, by ``_draws``) and from which generators. Writes need no
+answer: ``_torch_engine`` hands every input to the function as a private copy.
 """
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections import OrderedDict
 
 import jax
 import numpy as np
 import torch
+import torch.overrides
 
 from . import _torch
 
@@ -40,6 +36,7 @@ class Effects:
     """A torch function's effects on one call signature (see the module)."""
     writes: frozenset | None  # input leaves written into; None: any may be
     random: bool
+    generators: tuple = ()  # the generators its draws name (None: torch's global one)
 
     def copies(self, i: int) -> bool:
         return self.writes is None or i in self.writes
@@ -71,17 +68,20 @@ def _written(func, args, kwargs) -> list:
     return out
 
 
-class _Watch(_torch.TorchDispatchMode):
+class Watch(_torch.TorchDispatchMode):
     """Records, for each op run on the fake inputs, writes into them and random draws."""
 
     def __init__(self, inputs: list):
         super().__init__()
-        self.inputs, self.writes, self.random = inputs, set(), False
+        self.inputs, self.writes, self.random, self.generators = inputs, set(), False, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if torch.Tag.nondeterministic_seeded in func.tags:
             self.random = True
+            g = kwargs.get("generator")
+            if g is not None and not any(g is h for h in self.generators):
+                self.generators.append(g)
         for t in _written(func, args, kwargs):
             if isinstance(t, torch.Tensor):
                 self.writes.update(i for i, x in enumerate(self.inputs)
@@ -89,73 +89,45 @@ class _Watch(_torch.TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class NoData(torch.overrides.TorchFunctionMode):
+    """Fake runs: ``data_ptr()`` of a fake tensor fails at once, as ``.numpy()`` does,
+    rather than handing C code (ctypes) an address that is no memory."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", None) == "data_ptr" and args and _torch.is_fake(args[0]):
+            raise RuntimeError("data_ptr() of a fake tensor: it has no memory")
+        return func(*args, **(kwargs or {}))
+
+
 def effects(fn, leaves: list, rebuild) -> Effects:
-    """``fn``'s effects on inputs like ``leaves`` (NumPy arrays and other values), called
-    as ``fn(*args, **kw)`` with ``(args, kw) = rebuild(tensors)``."""
+    """``fn``'s effects on inputs like ``leaves`` (arrays or ShapeDtypeStructs, and other
+    values), called as ``fn(*args, **kw)`` with ``(args, kw) = rebuild(tensors)``."""
     try:
         with _torch.FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fakes = [mode.from_tensor(_empty(a)) if isinstance(a, np.ndarray) else a
-                     for a in leaves]
+            fakes = [mode.from_tensor(_empty(a)) if _is_array(a) else a for a in leaves]
             inputs = [f for f in fakes if isinstance(f, torch.Tensor)]
             index = [i for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
-            watch = _Watch(inputs)
+            watch = Watch(inputs)
             args, kw = rebuild(fakes)
-            with watch, torch.no_grad():
+            with NoData(), watch, torch.no_grad():
                 fn(*args, **kw)
     except Exception:  # noqa: BLE001  (what fake tensors cannot run: assume the worst)
         return UNKNOWN
     if not watch.writes and not watch.random:
         return NONE  # (the hot path tests for it by identity)
-    return Effects(frozenset(index[i] for i in watch.writes), watch.random)
+    return Effects(frozenset(index[i] for i in watch.writes), watch.random,
+                   tuple(watch.generators))
 
 
-def _empty(a: np.ndarray) -> torch.Tensor:
-    if a.dtype == _BF16:
-        return torch.empty(a.shape, dtype=torch.bfloat16)
-    return torch.empty(a.shape, dtype=torch.from_numpy(np.empty(0, a.dtype)).dtype)
+def _is_array(a) -> bool:
+    return isinstance(a, (np.ndarray, np.generic, jax.ShapeDtypeStruct))
+
+
+def _empty(a) -> torch.Tensor:
+    dtype = np.dtype(a.dtype)
+    if dtype == _BF16:
+        return torch.empty(tuple(a.shape), dtype=torch.bfloat16)
+    return torch.empty(tuple(a.shape), dtype=torch.from_numpy(np.empty(0, dtype)).dtype)
 
 
 _BF16 = np.dtype(jax.numpy.bfloat16)
-
-
-# ------------------------------------------------------------------- draws
-
-class Draws:
-    """torch's RNG state at the start of each random call, keyed by its primal inputs."""
-
-    SIZE = 256  # calls remembered; the oldest go first
-
-    def __init__(self):
-        self._states: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
-
-    def record(self, key) -> None:
-        """A call of the function itself: remember where its draws start."""
-        state = torch.get_rng_state()
-        with self._lock:
-            self._states[key] = state
-            self._states.move_to_end(key)
-            while len(self._states) > self.SIZE:
-                self._states.popitem(last=False)
-
-    def start(self, key):
-        """A derived call: the state its primal call started from, or None if none ran."""
-        with self._lock:
-            return self._states.get(key)
-
-
-DRAWS = Draws()
-
-
-def buffers(leaves) -> tuple:
-    """The key of a call's primal inputs: each array's shape, dtype and a sample of its
-    values (XLA may hand a derivative a copy of the value's input, at another address)."""
-    return tuple((a.shape, a.dtype.str, _sample(a)) if isinstance(a, np.ndarray) else a
-                 for a in leaves)
-
-
-def _sample(a: np.ndarray) -> bytes:
-    flat = a.reshape(-1)
-    if flat.size > 1024:
-        flat = flat[::flat.size // 1024]
-    return flat.tobytes()

@@ -1,13 +1,13 @@
-"""The torch engine of the bridges: torch code on NumPy views of XLA's buffers.
+"""The torch engine of the bridges: torch code on XLA's buffers.
 
 What ``ab.from_torch`` needs from torch (see ``_bridges``):
 
 ================  ==================================================================
 piece             what it does
 ================  ==================================================================
-``TorchHost``     fn on tensors over the views (DLPack, ``torch.from_numpy``: no copy
-                  in), NumPy views of its results out (XLA's runner copies them into
-                  its output buffers); an input written in place is an error
+``TorchHost``     fn on tensors over private copies of the inputs (no write reaches
+                  XLA's buffers), NumPy views of its results out (XLA's runner copies
+                  them into its output buffers); a call's carried draws replayed
 ``TorchDevice``   the same on CuPy views of XLA's device buffers, on XLA's stream
 ``TorchVmap``     the vmap rule: ``torch.vmap`` of fn, one call for the whole batch
 ``torch_jvp_of``  (x, ẋ) ↦ ∂f(x)·ẋ by torch's forward mode
@@ -28,6 +28,7 @@ leaves.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 
@@ -37,8 +38,7 @@ import torch
 from jax import tree_util
 from torch.autograd import forward_ad
 
-from ..core._errors import HostError
-from . import _effects, _torch
+from . import _draws, _torch
 
 # ----------------------------------------------------------- arrays across
 
@@ -60,6 +60,8 @@ def _view_reader() -> Callable[[np.ndarray], torch.Tensor]:
 
 
 view_tensor = _view_reader()
+
+
 
 
 def as_tensor(a) -> torch.Tensor:
@@ -121,91 +123,44 @@ def over(tree, fn):
 # -------------------------------------------------------------------- torch
 
 class TorchHost:
-    """A torch function as host code: tensors over NumPy views, NumPy arrays out.
+    """A torch function as host code: tensors in, NumPy arrays out.
 
-    Inputs are XLA's buffers, which no code may change: an input leaf that the
-    function writes into (``_effects``, found once per call signature) is handed
-    to it as a private copy, the others as views with no copy. A function that
-    draws random numbers starts each derivative of a call from the RNG state
-    that call started from (``_effects.Draws``). ``depth`` counts derivatives:
-    a derived function's first argument holds its parent's arguments.
+    Inputs are XLA's buffers, which no code may change: every input leaf is handed
+    to the function as a private copy (torch2jax's out-of-place semantics), so no
+    write reaches them, whatever its path (in place, ``.data``, ``out=``, a view,
+    ``.numpy()``, ``data_ptr()`` and C code, a tensor kept and written later, a
+    write that depends on the data). ``benchmarks/torch_writes.py`` measures what
+    the copies cost against the checks that find a write only after it lands.
+    A call of a function that draws random numbers carries its seeds (the
+    ``_draws.DRAWS`` keyword operand): it runs with its generators seeded from
+    them (``draws``: the op's, shared by its derived functions).
     """
 
-    def __init__(self, fn: Callable, name: str):
-        self.fn, self.__name__ = fn, name
-        self.root, self.depth = self, 0
-        self._effects: dict = {}
+    def __init__(self, fn: Callable, name: str, draws=None):
+        self.fn, self.__name__, self.draws = fn, name, draws
 
     def __repr__(self) -> str:
         return f"<torch code of {self.__name__}>"
 
     def __call__(self, *args, **kw):
-        if not kw and all(type(a) is np.ndarray for a in args):  # the common case
-            key = tuple([(a.shape, a.dtype) for a in args])
-            eff = self._effects.get(key)
-            if eff is None:
-                eff = self._effects[key] = _effects.effects(self.fn, list(args),
-                                                            lambda ls: (ls, {}))
-            if eff is _effects.NONE:
-                ts = [as_tensor(a) for a in args]
-                out = self.fn(*ts)
-                _untouched(self.__name__, ts)
-                return _as_numpy_tree(out)
-            ts = [_private(a) if eff.copies(i) else as_tensor(a) for i, a in enumerate(args)]
-            views = [t for i, t in enumerate(ts) if not eff.copies(i)]
-            run = lambda: self.fn(*ts)
-        else:
-            leaves, tree = tree_util.tree_flatten((args, kw))
-            key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, np.ndarray) else a
-                                for a in leaves]))
-            try:
-                eff = self._effects.get(key)
-            except TypeError:  # an unhashable static keyword: not remembered
-                key, eff = None, None
-            if eff is None:
-                eff = _effects.effects(self.fn, leaves, lambda ls: tree.unflatten(ls))
-                if key is not None:
-                    self._effects[key] = eff
-            views, ts = [], []
-            if eff is _effects.NONE:
-                ts = [as_tensor(a) if isinstance(a, (np.ndarray, np.generic)) else a
-                      for a in leaves]
-                a, k = tree.unflatten(ts)
-                out = self.fn(*a, **k)
-                _untouched(self.__name__, [t for t in ts if isinstance(t, torch.Tensor)])
-                return _as_numpy_tree(out)
-            for i, a in enumerate(leaves):
-                if isinstance(a, (np.ndarray, np.generic)):
-                    if eff.copies(i):
-                        a = _private(a)
-                    else:
-                        a = as_tensor(a)
-                        views.append(a)
-                ts.append(a)
-            a, k = tree.unflatten(ts)
-            run = lambda: self.fn(*a, **k)
-        out = self._drawn(run, args) if eff.random else run()
-        _untouched(self.__name__, views)
-        return _as_numpy_tree(out)
+        if kw and _draws.DRAWS in kw:
+            kw = dict(kw)
+            seeds = kw.pop(_draws.DRAWS)
+            if self.draws is not None:
+                with _draws.replay(self.draws.generators,
+                                   _draws.seeds_of(seeds, self.draws.n)):
+                    return self._call(args, kw)
+        return self._call(args, kw)
 
-    def _drawn(self, run: Callable, args: tuple):
-        """``run()`` with the random draws of the primal call these arguments belong to."""
-        primal = args
-        for _ in range(self.depth):
-            primal = primal[0]
-        key = (id(self.root), _effects.buffers(tree_util.tree_leaves(primal)))
-        if self.depth == 0:
-            _effects.DRAWS.record(key)
-            return run()
-        start = _effects.DRAWS.start(key)
-        if start is None:  # its primal call never ran (XLA dropped an unused value)
-            return run()
-        now = torch.get_rng_state()
-        torch.set_rng_state(start)
-        try:
-            return run()
-        finally:
-            torch.set_rng_state(now)
+    def _call(self, args, kw):
+        if not kw and all(type(a) is np.ndarray for a in args):  # the common case
+            return _as_numpy_tree(self.fn(*[_private(a) for a in args]))
+        a, k = over((args, kw), _copy_leaf)
+        return _as_numpy_tree(self.fn(*a, **k))
+
+
+def _copy_leaf(a):
+    return _private(a) if isinstance(a, (np.ndarray, np.generic)) else a
 
 
 def _private(a) -> torch.Tensor:
@@ -245,58 +200,32 @@ def plain_tree(out):
 
 class TorchDevice(TorchHost):
     """The same on CuPy views of XLA's device buffers, on XLA's stream (``stream=``).
-    (Inputs are copied only where the function writes, found as ``TorchHost`` finds
-    them; random draws are not replayed.)"""
+    (Inputs are copied; draws from CUDA's generator are not carried.)"""
 
     def __call__(self, *args, stream: int, **kw):
+        kw.pop(_draws.DRAWS, None)  # (CUDA's generator: not carried, see the contracts)
         if not torch.cuda.is_available():
             raise RuntimeError(
                 f"anybind op '{self.__name__}' runs torch code in a GPU program, which needs "
                 f"a CUDA build of torch; this one ({torch.__version__}) has none")
         import cupy
-        leaves, tree = tree_util.tree_flatten((args, kw))
-        eff = self._device_effects(leaves, tree, cupy.ndarray)
         with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
-            ts = [torch.from_dlpack(a.copy() if eff.copies(i) else a)
-                  if isinstance(a, cupy.ndarray) else a for i, a in enumerate(leaves)]
-            args, kw = tree.unflatten(ts)
+            ts = []
+            args, kw = over((args, kw), _collect(ts, lambda a: torch.from_dlpack(a.copy()),
+                                                 cupy.ndarray))
             out = self.fn(*args, **kw)
             return over(plain_tree(out), lambda t: cupy.from_dlpack(t.detach())
                         if isinstance(t, torch.Tensor) else t)
 
-    def _device_effects(self, leaves: list, tree, kinds):
-        """The function's writes into inputs like these device arrays, found once per
-        call signature (on fake tensors of their shapes and dtypes)."""
-        key = (tree, tuple([(a.shape, a.dtype) if isinstance(a, kinds) else a
-                            for a in leaves]))
-        try:
-            eff = self._effects.get(key)
-        except TypeError:  # an unhashable static keyword: not remembered
-            key, eff = None, None
-        if eff is None:
-            eff = _effects.effects(
-                self.fn, [_shaped_like(a) if isinstance(a, kinds) else a for a in leaves],
-                lambda ls: tree.unflatten(ls))
-            if key is not None:
-                self._effects[key] = eff
-        return eff
 
-
-def _shaped_like(a) -> np.ndarray:
-    """A NumPy array of ``a``'s shape and dtype that holds no memory of that size (the
-    effects of a function are found on fake tensors made from shapes and dtypes)."""
-    return np.broadcast_to(np.empty((), a.dtype), a.shape)
-
-
-def _untouched(name: str, ts) -> None:
-    """A view whose version counter moved: a write that the fake run did not foresee."""
-    for i, t in enumerate(ts):
-        if _torch.version_of(t):
-            raise HostError(
-                f"anybind op '{name}': the torch function wrote into its input leaf {i} "
-                f"({tuple(t.shape)}, {t.dtype}) in place, which running it on fake tensors "
-                f"did not show (a write that depends on the data?); its inputs are XLA's "
-                f"buffers, which are immutable. Compute out of place")
+def _collect(ts: list, convert: Callable, kinds) -> Callable:
+    """A leaf map that converts arrays of ``kinds`` into tensors, keeping them in ``ts``."""
+    def leaf(a):
+        if isinstance(a, kinds):
+            ts.append(convert(a))
+            return ts[-1]
+        return a
+    return leaf
 
 
 def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
@@ -437,13 +366,20 @@ def torch_vjp_of(fn: Callable) -> Callable:
 
 class TorchVmap:
     """The vmap rule of torch code: ``torch.vmap`` of it, one call for the whole batch
-    (or ``rule``, the user's vmap rule on tensors)."""
+    (or ``rule``, the user's vmap rule on tensors). A call that carries draws runs the
+    whole batch from its first row's seeds, ``torch.vmap`` drawing differently per row
+    (``randomness="different"``), as its derived rules do from the same seeds."""
 
-    def __init__(self, fn: Callable, name: str, rule: Callable | None = None):
-        self.fn, self.__name__, self.rule = fn, name, rule
+    def __init__(self, fn: Callable, name: str, rule: Callable | None = None, draws=None):
+        self.fn, self.__name__, self.rule, self.draws = fn, name, rule, draws
 
     def batched(self, axis_size, in_batched, *args, **kw):
         """The rule on torch tensors: ``(out, out_batched)``."""
+        drawn = _draws.DRAWS in in_batched.kwargs
+        if drawn:
+            in_batched = copy.copy(in_batched)
+            in_batched.kwargs = {k: v for k, v in in_batched.kwargs.items()
+                                 if k != _draws.DRAWS}
         if self.rule is not None:
             return self.rule(axis_size, in_batched, *args, **kw)
         operands = {k: kw[k] for k in in_batched.kwargs}
@@ -456,7 +392,8 @@ class TorchVmap:
             a, k = tree.unflatten(ls)
             outs, seen["tree"] = tree_util.tree_flatten(plain_tree(fn(*a, **k, **static)))
             return tuple(outs)
-        outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags))(*leaves)
+        outs = torch.vmap(g, in_dims=tuple(0 if f else None for f in flags),
+                          randomness="different" if drawn else "error")(*leaves)
         return seen["tree"].unflatten(list(outs)), True
 
     def __call__(self, axis_size, in_batched, *args, **kw):
@@ -466,7 +403,7 @@ class TorchVmap:
             out, b = self.batched(axis_size, in_batched, *a, **k)
             flag.append(b)
             return out
-        return TorchHost(run, self.__name__)(*args, **kw), flag[0]
+        return TorchHost(run, self.__name__, self.draws)(*args, **kw), flag[0]
 
 
 class TorchVmapDevice(TorchVmap):
