@@ -13,6 +13,11 @@ import anybind.torch  # noqa: F401  (dynamo does not trace the front end's first
 from helpers import randn, to_torch
 from ops import mul, sincos, sort, tree
 
+# torch.compile on CPython 3.13.0 exactly warns that its guards may run slower there (an
+# interpreter bug fixed in 3.13.1): a notice about the interpreter, not about this code
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Guards may run slower on Python 3.13.0:RuntimeWarning")
+
 # the backend that runs AOTAutograd's graphs without code generation: what is tested is
 # the capture (fullgraph) and the derivatives, not inductor's kernels
 BACKEND = "aot_eager"
