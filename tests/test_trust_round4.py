@@ -497,7 +497,7 @@ _TAMPERED = """
         except Exception as e:  # an error is fine; a hang or a crash is not
             print("ERROR", type(e).__name__)
 """
-TAMPERED_SAMPLE = 48  # single-bit flips tried, each in its own process (of ~12,000 bits)
+TAMPERED_SAMPLE = 24  # single-bit flips tried, each in its own process (of ~12,000 bits)
 
 
 @pytest.mark.slow  # starts a process per flipped bit
