@@ -556,7 +556,10 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
        axis of 1 are the same row for every b. */
     for (int64_t i = 0; i < n; ++i) {
       int64_t size = item_size((XLA_FFI_DataType)dtypes[i]);
-      if (ranks[i] < 1 || size < 0 || (shapes[i][0] != rows && shapes[i][0] != 1)) {
+      /* an output leads with the batch itself: one broadcast over it would let a
+         tampered row count call the function any number of times on one row */
+      if (ranks[i] < 1 || size < 0 ||
+          (shapes[i][0] != rows && (shapes[i][0] != 1 || i >= n_in))) {
         snprintf(msg, sizeof msg, "%s: operand %lld cannot be split into %lld rows",
                  e->what, (long long)i, (long long)rows);
         error = fail(api, XLA_FFI_Error_Code_INTERNAL, msg);
@@ -568,6 +571,11 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
       shapes[i] += 1;
       ranks[i] -= 1;
     }
+    /* rows of nothing (every output empty): nothing to write, however many a
+       program claims */
+    int64_t out_bytes = 0;
+    for (int64_t i = n_in; i < n; ++i) out_bytes += strides[i];
+    if (out_bytes == 0) rows = 0;
     for (row = 0; row < rows && status == 0; ++row) {
       for (int64_t i = 0; i < n; ++i) ptrs[i] = (char *)base[i] + row * strides[i];
       status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err);
