@@ -86,6 +86,7 @@ class Options:
     device: bool = False
     host: Callable | None = None
     export_version: str | int | None = None
+    order: str | None = None
 
 
 class CoreOp:
@@ -98,6 +99,10 @@ class CoreOp:
         self.fn = fn
         self.name = _primitive_name(o.name or getattr(fn, "__name__", None) or "op")
         self.export_version = o.export_version  # in an exported call's fingerprint
+        if o.order not in (None, "C", "F"):
+            raise TypeError(f"anybind op '{self.name}': order must be 'C' (row-major), 'F' "
+                            f"(column-major: Fortran's order) or None, got {o.order!r}")
+        self.order = o.order  # the memory order of compiled code's arrays
         _lowering.adopt(self, "function", fn, o.traced, o.device, o.host, "ab.bind")
         self.shape = o.shape
         if isinstance(o.linear, (tuple, list)):

@@ -72,7 +72,7 @@ from ..core._code import cffi_ctype, cffi_ffi, compiled_kind, is_compiled
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
 from ..core.roles import Layout
-from . import _dtypes, _shimlib, _signatures
+from . import _dtypes, _layout, _shimlib, _signatures
 from ._host import cpu_only
 
 TARGET = _shimlib.TARGET
@@ -476,6 +476,13 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     rows = batch.size if batch is not None and mode == "sequential" else 0
     for_export = ctx.module_context.lowering_parameters.for_export
     name, key = link(op, kind, rule.fn, for_export)
+    what = compiled_kind(rule.fn)
+    seen = [tuple(a.shape[1 if rows else 0:]) for a in [a for _, a in ins] + outs]
+    order = _layout.order_of(op, _RULE_NAMES[kind], what, _address(rule.fn, what), seen)
+    whole = order == "F" and batch is not None and not rows  # the batch axis goes last
+    if whole:
+        ins = [(_jax.transpose_value(v, _last(len(a.shape))), _moved(a)) for v, a in ins]
+        outs = [_moved(a) for a in outs]
     in_avals = [a for _, a in ins]
     with _lock:  # the shim runs the function only on calls its binding was given
         _allow(key, rows, in_avals, outs)
@@ -491,10 +498,33 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
         # what it is exported with: it runs only where the name's binding is the same
         attrs["anybind_fingerprint"] = np.uint64(_names[name].fingerprint).view(np.int64)
     sub = ctx.replace(avals_in=in_avals, avals_out=outs)
-    results = jax.ffi.ffi_lowering(TARGET, has_side_effect=has_side_effect)(
+    layouts = {}
+    if order == "F":
+        layouts = dict(
+            operand_layouts=[_layout.minor_to_major(len(a.shape), "F", bool(rows))
+                             for a in in_avals],
+            result_layouts=[_layout.minor_to_major(len(a.shape), "F", bool(rows))
+                            for a in outs])
+    results = jax.ffi.ffi_lowering(TARGET, has_side_effect=has_side_effect, **layouts)(
         sub, *[v for v, _ in ins], **attrs)
     results = list(results)
+    if whole:  # the batch axis back in front
+        results = [_jax.transpose_value(v, _first(len(a.shape))) for v, a in zip(results, outs)]
     return results if select is None else [results[j] for j in select]
+
+
+def _last(rank: int) -> tuple[int, ...]:
+    """The permutation that moves axis 0 last."""
+    return (*range(1, rank), 0)
+
+
+def _first(rank: int) -> tuple[int, ...]:
+    """The permutation that moves the last axis first."""
+    return (rank - 1, *range(rank - 1))
+
+
+def _moved(a):
+    return ShapedArray((*a.shape[1:], a.shape[0]), a.dtype)
 
 
 def kind_of_role(role: str, call, by_vmap_rule: bool) -> str:
