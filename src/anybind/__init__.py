@@ -26,9 +26,10 @@ from .core._jax import register_traceback_exclusion as _register_traceback_exclu
 from .core._spec import like
 from .recipes import fixed_point, reversible_loop, root
 from .routes._compiled import C_SIGNATURE, ctypes_signature, dtype_code, numba_signature
+from .routes._state import State
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
-           "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
+           "C_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code", "State",
            "reversible_loop", "root", "fixed_point", "debug", "from_torch", "to_torch"]
 __version__ = "0.1.0"
 

@@ -430,7 +430,7 @@ def bind(fn: Callable, *, shape: Any = None, jvp: Callable | None = None,
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
          host: Callable | None = None, export_version: str | int | None = None,
-         order: str | None = None) -> Op: ...
+         order: str | None = None, state: Any = None) -> Op: ...
 
 
 @overload
@@ -443,7 +443,7 @@ def bind(fn: None = None, *, shape: Any = None, jvp: Callable | None = None,
          symmetric: bool = False, device: bool = False,
          host: Callable | None = None,
          export_version: str | int | None = None,
-         order: str | None = None) -> Callable[[Callable], Op]: ...
+         order: str | None = None, state: Any = None) -> Callable[[Callable], Op]: ...
 
 
 def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None = None,
@@ -455,7 +455,7 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
          symmetric: bool = False, device: bool = False,
          host: Callable | None = None,
          export_version: str | int | None = None,
-         order: str | None = None) -> Op | Callable[[Callable], Op]:
+         order: str | None = None, state: Any = None) -> Op | Callable[[Callable], Op]:
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -530,6 +530,11 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
         ``"C"``, except that compiled code from a Fortran library (one that
         needs a Fortran runtime) given an array of two or more axes is an error
         asking for one. Python code gets NumPy arrays either way.
+      state: an ``ab.State``: an object of compiled code (a pointer, and the
+        function that frees it) that every compiled function and rule of the op
+        gets as a tenth argument, ``void *state``. It lives while the op or a
+        program lowered with it does, then is freed once; ``jax.export`` of a
+        program with the op is an error.
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="vectorized",

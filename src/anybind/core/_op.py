@@ -87,6 +87,7 @@ class Options:
     host: Callable | None = None
     export_version: str | int | None = None
     order: str | None = None
+    state: Any = None
 
 
 class CoreOp:
@@ -99,6 +100,7 @@ class CoreOp:
         self.fn = fn
         self.name = _primitive_name(o.name or getattr(fn, "__name__", None) or "op")
         self.export_version = o.export_version  # in an exported call's fingerprint
+        self.compiled_state = o.state  # an ab.State that compiled code gets (see routes)
         if o.order not in (None, "C", "F"):
             raise TypeError(f"anybind op '{self.name}': order must be 'C' (row-major), 'F' "
                             f"(column-major: Fortran's order) or None, got {o.order!r}")

@@ -72,7 +72,7 @@ from ..core._code import cffi_ctype, cffi_ffi, compiled_kind, is_compiled
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
 from ..core.roles import Layout
-from . import _dtypes, _layout, _shimlib, _signatures
+from . import _dtypes, _layout, _shimlib, _signatures, _state
 from ._host import cpu_only
 
 TARGET = _shimlib.TARGET
@@ -90,6 +90,7 @@ message; it returns 0 on success.
 
 # pointer (p) or 64-bit integer (q) parameters, in order; the result is a 32-bit integer
 _PARAMS = "ppppp" "qq" "pq"
+_PARAMS_STATE = _PARAMS + "p"  # an op with ab.State: void *state last
 
 _DTYPE_CODES = _dtypes.COMPILED
 
@@ -110,8 +111,11 @@ def dtype_code(dtype: Any) -> int:
     return _DTYPE_CODES[name]
 
 
-def numba_signature() -> Any:
+def numba_signature(state: bool = False) -> Any:
     """The Numba signature of anybind's C calling convention, for ``numba.cfunc``.
+
+    ``state=True``: with a tenth parameter, ``void *state``, for an op bound with
+    ``state=ab.State(...)``.
 
     >>> import anybind as ab, numba, numpy as np
     >>> @numba.cfunc(ab.numba_signature())
@@ -131,12 +135,16 @@ def numba_signature() -> Any:
     """
     from numba import types
     p, i64 = types.CPointer, types.int64
-    return types.int32(p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64), p(types.int32),
-                       i64, i64, p(types.uint8), i64)
+    params = [p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64), p(types.int32), i64, i64,
+              p(types.uint8), i64]
+    return types.int32(*params, *([types.voidptr] if state else []))
 
 
-def ctypes_signature() -> tuple:
+def ctypes_signature(state: bool = False) -> tuple:
     """``(restype, argtypes)`` of anybind's C calling convention, for a ctypes function.
+
+    ``state=True``: with a tenth parameter, ``void *state``, for an op bound with
+    ``state=ab.State(...)``.
 
     >>> import anybind as ab, ctypes
     >>> restype, argtypes = ab.ctypes_signature()
@@ -149,7 +157,8 @@ def ctypes_signature() -> tuple:
     c = ctypes
     p64 = c.POINTER(c.c_int64)
     return c.c_int32, [c.POINTER(c.c_void_p), c.POINTER(c.c_void_p), c.POINTER(p64), p64,
-                       c.POINTER(c.c_int32), c.c_int64, c.c_int64, c.c_char_p, c.c_int64]
+                       c.POINTER(c.c_int32), c.c_int64, c.c_int64, c.c_char_p, c.c_int64,
+                       *([c.c_void_p] if state else [])]
 
 
 # ------------------------------------------------------------------ recognising
@@ -282,18 +291,25 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
         raise TypeError(f"anybind op '{op.name}': the {role} is compiled code ({what}), which "
                         f"cannot be traced; leave traced=False")
     classes = _param_classes(fn, what)
-    if isinstance(classes, str) or classes != (_PARAMS, "i"):
-        got = classes if isinstance(classes, str) else _describe(classes)
+    stateful = getattr(op, "compiled_state", None) is not None
+    want = _PARAMS_STATE if stateful else _PARAMS
+    if isinstance(classes, str) or classes != (want, "i"):
+        got = classes if isinstance(classes, str) else _describe(classes, want)
+        if classes == (_PARAMS_STATE, "i"):
+            got += ": a function with a state needs an op bound with state=ab.State(...)"
+        elif classes == (_PARAMS, "i"):
+            got += (": the op has a state (ab.State), so every compiled function of it takes "
+                    "void *state after err_size; see ab.ctypes_signature(state=True)")
         raise TypeError(
             f"anybind op '{op.name}': the {role} is a {what} function, but not of anybind's "
-            f"C calling convention {C_SIGNATURE}: {got}. See ab.numba_signature(), "
-            f"ab.ctypes_signature() and ab.C_SIGNATURE")
+            f"C calling convention {C_SIGNATURE}{' with void *state last' if stateful else ''}"
+            f": {got}. See ab.numba_signature(), ab.ctypes_signature() and ab.C_SIGNATURE")
     lib = _shimlib.register_target()  # now, so that a deserialised program finds it
     _validating(lib)
     address = _address(fn, what)
     name = _base(op.name, kind)
     text = f"anybind op '{op.name}': the compiled {role}"
-    fp = fingerprint(op, kind, fn)
+    fp = fingerprint(op, kind, fn) ^ (1 if stateful else 0)  # a name means one convention
     with _lock:
         entry = _names.get(name)
         if entry is not None and (entry.address != address or entry.fingerprint != fp):
@@ -305,20 +321,22 @@ def adopt(op, kind: str, fn, traced: bool) -> None:
                     f"A program for jax.export calls its functions by name, so a name means "
                     f"one function: give this op another name= (or drop the other op first)")
         if entry is None or entry.address != address or entry.fingerprint != fp:
-            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp)
+            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp,
+                  stateful=stateful)
             locals_ = {} if entry is None else entry.locals
             entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_, fp)
             _by_key[key_of(name)] = entry
         if address not in entry.locals:  # "#" is in no name: no stable key is one of these
             entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
-            _bind(lib, local, address, name, text, validate=False)
+            _bind(lib, local, address, name, text, validate=False, stateful=stateful)
         entry.ops.add(op)
         _keep.setdefault(address, fn)
 
 
 def _bind(lib, key: int, address: int, name: str, text: str, validate: bool,
-          fp: int = 0) -> None:
-    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate), fp)
+          fp: int = 0, stateful: bool = False) -> None:
+    status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate), fp,
+                              int(stateful))
     if status != 0:
         raise MemoryError(f"{text}: the FFI shim could not bind it (status {status})")
 
@@ -334,12 +352,12 @@ def _allow(key: int, rows: int, ins, outs) -> None:
         raise RuntimeError(f"anybind: the FFI shim could not record a call (status {status})")
 
 
-def _describe(classes) -> str:
+def _describe(classes, want: str = _PARAMS) -> str:
     params, result = classes
     word = {"p": "pointer", "q": "int64", "i": "int32", "?": "other"}
     return (f"got {len(params)} parameters ({', '.join(word[c] for c in params)}) returning "
-            f"{word[result]}; expected 9 parameters "
-            f"({', '.join(word[c] for c in _PARAMS)}) returning int32")
+            f"{word[result]}; expected {len(want)} parameters "
+            f"({', '.join(word[c] for c in want)}) returning int32")
 
 
 def link(op, kind: str, fn, for_export: bool) -> tuple[str, int]:
@@ -491,6 +509,9 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
                  anybind_rows=np.int64(-1 if _jax.is_symbolic_dim(rows) else rows))
     if call.debug:  # outputs filled with a sentinel first, and checked after
         attrs["anybind_debug"] = np.int64(1)
+    state = getattr(op, "compiled_state", None)
+    if state is not None:  # the program holds it; the call names it
+        attrs["anybind_state"] = np.uint64(_state.hold(ctx, op, state)).view(np.int64)
     if for_export:  # how operands group into arguments: a process that never lowered
         tree = _signatures.tree_text(call.args_tree, call.kw_tree)  # this call checks it
         if tree is not None:
@@ -545,6 +566,10 @@ class Route:
         return is_compiled(site.rule.fn)
 
     def adopt(self, op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
+        state = getattr(op, "compiled_state", None)
+        if kind == "function" and state is not None and not isinstance(state, _state.State):
+            raise TypeError(f"anybind op '{op.name}': state must be an ab.State (a pointer "
+                            f"and the function that frees it), got {type(state).__name__}")
         adopt(op, kind, fn, traced)
 
     def lower(self, site: Site, *args):
