@@ -205,3 +205,16 @@ def test_an_op_is_refused_as_another_kind_of_rule():
         op.def_vmap(rule)
     with pytest.raises(TypeError, match=r"def_jvp got it"):
         op.def_jvp(rule, vmap="sequential")
+
+
+def test_a_transpose_rule_op_with_its_own_transpose_gives_every_order():
+    k = co.clib("ctypes")
+    back = ab.bind(k["cumsum_t"], shape=ab.like(0), linear=True, transpose=k["cumsum"],
+                   name="rr_cumsum_t")
+    op = ab.bind(k["cumsum"], shape=ab.like(0), linear=True, transpose=back, name="rr_cumsum")
+    x, ct = randn(5), randn(5, seed=2)
+    assert_close(jax.linear_transpose(op, x)(ct), jax.linear_transpose(co.cumsum_ref, x)(ct))
+    e = lambda f: lambda x: (jnp.sin(f(x)) ** 2).sum()  # noqa: E731
+    assert_close(jax.hessian(e(op))(x), jax.hessian(e(co.cumsum_ref))(x))
+    assert_close(jax.vmap(jax.grad(e(op)))(randn((3, 5), seed=3)),
+                 jax.vmap(jax.grad(e(co.cumsum_ref)))(randn((3, 5), seed=3)))
