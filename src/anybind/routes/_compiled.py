@@ -494,7 +494,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     rows = batch.size if batch is not None and mode == "sequential" else 0
     for_export = ctx.module_context.lowering_parameters.for_export
     name, key = link(op, kind, rule.fn, for_export)
-    what = compiled_kind(rule.fn)
+    what = str(compiled_kind(rule.fn))  # the route claims compiled code only
     seen = [tuple(a.shape[1 if rows else 0:]) for a in [a for _, a in ins] + outs]
     order = _layout.order_of(op, _RULE_NAMES[kind], what, _address(rule.fn, what), seen)
     whole = order == "F" and batch is not None and not rows  # the batch axis goes last
@@ -519,7 +519,7 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
         # what it is exported with: it runs only where the name's binding is the same
         attrs["anybind_fingerprint"] = np.uint64(_names[name].fingerprint).view(np.int64)
     sub = ctx.replace(avals_in=in_avals, avals_out=outs)
-    layouts = {}
+    layouts: dict[str, Any] = {}
     if order == "F":
         layouts = dict(
             operand_layouts=[_layout.minor_to_major(len(a.shape), "F", bool(rows))

@@ -41,7 +41,7 @@ def _address(pointer: Any) -> int:
         return pointer
     if isinstance(pointer, ctypes.c_void_p):
         return pointer.value or 0
-    if isinstance(pointer, ctypes._Pointer):  # type: ignore[attr-defined]
+    if isinstance(pointer, ctypes._Pointer):
         return ctypes.cast(pointer, ctypes.c_void_p).value or 0
     if type(pointer).__module__ == "_cffi_backend":
         from ..core._code import cffi_ffi
