@@ -33,11 +33,12 @@ from .routes._compiled import (
     dtype_code,
     numba_signature,
 )
+from .routes._state import State
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
            "C_SIGNATURE", "GPU_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
-           "reversible_loop", "root", "fixed_point", "debug", "deserialize", "from_torch",
-           "to_torch"]
+           "State", "reversible_loop", "root", "fixed_point", "debug", "deserialize",
+           "from_torch", "to_torch"]
 __version__ = "0.1.0"
 
 _register_traceback_exclusion(_os.path.dirname(__file__))

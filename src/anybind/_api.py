@@ -451,7 +451,8 @@ def bind(fn: Callable, *, shape: Any = None, jvp: Callable | None = None,
          name: str | None = None, examples: Callable[[], tuple] | None = None,
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
-         host: Callable | None = None, export_version: str | int | None = None) -> Op: ...
+         host: Callable | None = None, export_version: str | int | None = None,
+         order: str | None = None, state: Any = None) -> Op: ...
 
 
 @overload
@@ -463,7 +464,8 @@ def bind(fn: None = None, *, shape: Any = None, jvp: Callable | None = None,
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
          host: Callable | None = None,
-         export_version: str | int | None = None) -> Callable[[Callable], Op]: ...
+         export_version: str | int | None = None,
+         order: str | None = None, state: Any = None) -> Callable[[Callable], Op]: ...
 
 
 def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None = None,
@@ -474,7 +476,8 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
          out: bool = False, shard: str | None = None, replicated: tuple[str, ...] = (),
          symmetric: bool = False, device: bool = False,
          host: Callable | None = None,
-         export_version: str | int | None = None) -> Op | Callable[[Callable], Op]:
+         export_version: str | int | None = None,
+         order: str | None = None, state: Any = None) -> Op | Callable[[Callable], Op]:
     """Bind ``fn`` into JAX as a primitive that works under every transformation.
 
     Args:
@@ -542,6 +545,18 @@ def bind(fn: Callable | None = None, *, shape: Any = None, jvp: Callable | None 
         carries for each compiled function it calls: the program runs only where
         the op is bound with the same function name and ``export_version``
         (change it when the compiled code changes under the same name).
+      order: the memory order in which compiled code (the function and its
+        compiled rules) gets its arrays: ``"C"`` (row-major) or ``"F"``
+        (column-major: an ``(m, n)`` array arrives as Fortran's ``A(m, n)``;
+        XLA copies where its own layout differs). ``None`` (the default) is
+        ``"C"``, except that compiled code from a Fortran library (one that
+        needs a Fortran runtime) given an array of two or more axes is an error
+        asking for one. Python code gets NumPy arrays either way.
+      state: an ``ab.State``: an object of compiled code (a pointer, and the
+        function that frees it) that every compiled function and rule of the op
+        gets as a tenth argument, ``void *state``. It lives while the op or a
+        program lowered with it does, then is freed once; ``jax.export`` of a
+        program with the op is an error.
 
     >>> import anybind as ab, numpy as np, jax, jax.numpy as jnp
     >>> mul = ab.bind(lambda x1, x2: x1 * x2**2, shape=ab.like(0), vmap="expand_dims",

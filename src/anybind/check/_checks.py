@@ -50,14 +50,20 @@ def _no_derivatives(ctx, name: str) -> bool:
 
 
 def _no_second_order(ctx, name: str) -> bool:
-    """Linear ops have no second-order terms; host rules give first derivatives only."""
+    """Linear ops have no second-order terms; host and compiled rules give first derivatives
+    only (unless bound as ops with rules of their own)."""
     op = ctx.op
     if op.linear or _no_derivatives(ctx, name):
         return True
     rules = [r for r in (op.jvp_rule, op.vjp_rule, getattr(op, "bwd_rule", None)) if r]
     multilinear = getattr(op, "multilinear", False)  # all orders from host transposes
     if not op.traced and not multilinear and not any(r.traced for r in rules):
-        ctx.skip(name, "host rules give first derivatives only; traced rules give all orders")
+        if any(is_compiled(r.fn) for r in rules):
+            ctx.skip(name, "compiled rules give first derivatives only; a rule bound as an op "
+                           "with rules of its own (op.def_vjp(vjp_op)), or a traced rule, "
+                           "gives higher orders")
+        else:
+            ctx.skip(name, "host rules give first derivatives only; traced rules give all orders")
         return True
     return False
 

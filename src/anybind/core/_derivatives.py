@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from . import _jax
 from ._batching import sum_unbatched, vmapped
+from ._code import higher_order_way
 from ._errors import MissingRuleError
 from ._sharding import vary_like
 from ._spec import Call, Rule, is_float
@@ -185,12 +186,14 @@ def _traced_rule_tangent(role, call: Call, lin, need, sel) -> Callable[..., list
     op = call.op
     rule = rule_of(role, call)
     if rule is None or not rule.traced:
-        kind = "missing" if rule is None else "host code"
+        kind = "jvp" if op.symmetric else role
+        if rule is not None:
+            raise MissingRuleError(higher_order_way(rule.fn, op.name, kind,
+                                                    role_name(role, call)))
         raise MissingRuleError(
             f"anybind op '{op.name}': a higher-order derivative differentiates its "
-            f"{role_name(role, call)}, which is {kind}. Host rules give first derivatives "
-            f"only; for higher orders register the rule as traced JAX code "
-            f"(op.def_{'jvp' if op.symmetric else role}(rule, traced=True)), calling other "
+            f"{role_name(role, call)}, which is missing; for higher orders register the "
+            f"rule as traced JAX code (op.def_{kind}(rule, traced=True)), calling other "
             f"bound ops where needed")
     run = traced_run(role, call, rule, lin, need)
     if role == "primal":  # tangents of the float outputs only

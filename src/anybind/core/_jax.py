@@ -32,6 +32,7 @@ from jax._src import (
     util as _util,
 )
 from jax._src.interpreters import ad as _ad, batching as _batching, mlir as _mlir
+from jax._src.lib.mlir.dialects import hlo as _hlo
 from jax.extend import core as _xcore
 
 VERSION = tuple(int(p) for p in jax.__version__.split(".")[:3] if p.isdigit())
@@ -127,6 +128,7 @@ register_traceback_exclusion = _traceback_util.register_exclusion  # hide librar
 # ----------------------------------------------------------------- lowering
 lower_fun = _mlir.lower_fun                       # traced code inlined into a lowering (0.4)
 full_like_aval = _mlir.full_like_aval             # constant results of a lowering (0.4)
+transpose_value = lambda value, perm: _hlo.transpose(value, _mlir.dense_int_array(perm))  # noqa: E731  axes of a lowered value permuted (0.4.31)
 string_attr_value = lambda attr: _mlir.ir.StringAttr(attr).value  # noqa: E731  a lowering's attribute (0.4)
 
 

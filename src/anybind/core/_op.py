@@ -40,6 +40,7 @@ from ._frontends import FRONT_ENDS, LIVE_OPS, front
 from ._primitive import Family
 from ._spec import Call, Rule, infer_outputs, split_kwargs, to_aval
 from .roles import check_symmetric
+from .roles._op_rule import ROLES as OP_RULE_ROLES, is_op
 
 # How host code batches under ``jax.vmap``, with JAX's ``vmap_method`` names:
 # one call per row, one call with unbatched arguments given a leading axis of
@@ -86,10 +87,14 @@ class Options:
     device: bool = False
     host: Callable | None = None
     export_version: str | int | None = None
+    order: str | None = None
+    state: Any = None
 
 
 class CoreOp:
     """What an op is and does: its code, rules, primitives and calls (see the module)."""
+
+    anybind_op = True  # an op, also as another op's rule (``roles._op_rule``)
 
     def __init__(self, fn: Callable, options: Options):
         if not callable(fn):
@@ -98,6 +103,11 @@ class CoreOp:
         self.fn = fn
         self.name = _primitive_name(o.name or getattr(fn, "__name__", None) or "op")
         self.export_version = o.export_version  # in an exported call's fingerprint
+        self.compiled_state = o.state  # an ab.State that compiled code gets (see routes)
+        if o.order not in (None, "C", "F"):
+            raise TypeError(f"anybind op '{self.name}': order must be 'C' (row-major), 'F' "
+                            f"(column-major: Fortran's order) or None, got {o.order!r}")
+        self.order = o.order  # the memory order of compiled code's arrays
         _lowering.adopt(self, "function", fn, o.traced, o.device, o.host, "ab.bind")
         self.shape = o.shape
         if isinstance(o.linear, (tuple, list)):
@@ -239,10 +249,18 @@ class CoreOp:
                             f"that write into preallocated outputs; a traced rule returns them")
 
         def register(r):
+            nonlocal traced
             if not callable(r):
                 raise TypeError(f"anybind op '{self.name}': def_{kind} expects a callable, "
                                 f"got {type(r).__name__}")
-            _lowering.adopt(self, kind, r, traced, device, host, f"def_{kind}")
+            if is_op(r):  # a rule of the rule: run as traced code, differentiated by its rules
+                if kind not in OP_RULE_ROLES or vmap is not None or out or device:
+                    raise TypeError(
+                        f"anybind op '{self.name}': an op ('{r.name}') may be the jvp, vjp "
+                        f"or transpose rule, without vmap=, out= or device=; def_{kind} got it")
+                traced = True
+            else:
+                _lowering.adopt(self, kind, r, traced, device, host, f"def_{kind}")
             if callable(vmap):  # a batched variant of the rule
                 _lowering.adopt(self, f"{kind}.vmap", vmap, traced, device, host,
                                 f"def_{kind}")

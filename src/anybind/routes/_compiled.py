@@ -72,7 +72,7 @@ from ..core._code import cffi_ctype, cffi_ffi, compiled_kind, is_compiled
 from ..core._jax import ShapedArray
 from ..core._lowering import Site
 from ..core.roles import Layout
-from . import _dtypes, _shimlib, _signatures
+from . import _dtypes, _layout, _shimlib, _signatures, _state
 from ._host import cpu_only
 
 TARGET = _shimlib.TARGET
@@ -102,7 +102,8 @@ Shapes, ranks and dtypes are host memory.
 
 # pointer (p) or 64-bit integer (q) parameters, in order; the result is a 32-bit integer
 _PARAMS = "ppppp" "qq" "pq"
-_GPU_PARAMS = "p" + _PARAMS
+_GPU_PARAMS = "p" + _PARAMS  # device code: XLA's stream first
+_PARAMS_STATE = _PARAMS + "p"  # an op with ab.State: void *state last
 
 _DTYPE_CODES = _dtypes.COMPILED
 
@@ -123,9 +124,12 @@ def dtype_code(dtype: Any) -> int:
     return _DTYPE_CODES[name]
 
 
-def numba_signature(device: bool = False) -> Any:
+def numba_signature(device: bool = False, state: bool = False) -> Any:
     """The Numba signature of anybind's C calling convention, for ``numba.cfunc``; with
     ``device=True``, of device code's (``GPU_SIGNATURE``: the stream first).
+
+    ``state=True``: with a tenth parameter, ``void *state``, for an op bound with
+    ``state=ab.State(...)``.
 
     >>> import anybind as ab, numba, numpy as np
     >>> @numba.cfunc(ab.numba_signature())
@@ -145,14 +149,18 @@ def numba_signature(device: bool = False) -> Any:
     """
     from numba import types
     p, i64 = types.CPointer, types.int64
-    stream = (types.voidptr,) if device else ()
-    return types.int32(*stream, p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64),
-                       p(types.int32), i64, i64, p(types.uint8), i64)
+    stream = [types.voidptr] if device else []
+    params = [p(types.voidptr), p(types.voidptr), p(p(i64)), p(i64), p(types.int32), i64, i64,
+              p(types.uint8), i64]
+    return types.int32(*stream, *params, *([types.voidptr] if state else []))
 
 
-def ctypes_signature(device: bool = False) -> tuple:
+def ctypes_signature(device: bool = False, state: bool = False) -> tuple:
     """``(restype, argtypes)`` of anybind's C calling convention, for a ctypes function;
     with ``device=True``, of device code's (``GPU_SIGNATURE``: the stream first).
+
+    ``state=True``: with a tenth parameter, ``void *state``, for an op bound with
+    ``state=ab.State(...)``.
 
     >>> import anybind as ab, ctypes
     >>> restype, argtypes = ab.ctypes_signature()
@@ -165,9 +173,9 @@ def ctypes_signature(device: bool = False) -> tuple:
     c = ctypes
     p64 = c.POINTER(c.c_int64)
     stream = [c.c_void_p] if device else []
-    return c.c_int32, stream + [c.POINTER(c.c_void_p), c.POINTER(c.c_void_p), c.POINTER(p64),
-                                p64, c.POINTER(c.c_int32), c.c_int64, c.c_int64, c.c_char_p,
-                                c.c_int64]
+    return c.c_int32, [*stream, c.POINTER(c.c_void_p), c.POINTER(c.c_void_p), c.POINTER(p64),
+                       p64, c.POINTER(c.c_int32), c.c_int64, c.c_int64, c.c_char_p, c.c_int64,
+                       *([c.c_void_p] if state else [])]
 
 
 # ------------------------------------------------------------------ recognising
@@ -304,7 +312,11 @@ def adopt(op, kind: str, fn, traced: bool, device: bool = False) -> None:
         raise TypeError(f"anybind op '{op.name}': the {role} is compiled code ({what}), which "
                         f"cannot be traced; leave traced=False")
     classes = _param_classes(fn, what)
-    want = _GPU_PARAMS if device else _PARAMS
+    stateful = getattr(op, "compiled_state", None) is not None
+    if device and stateful:
+        raise TypeError(f"anybind op '{op.name}': state=ab.State(...) is for compiled CPU "
+                        f"code; its {role} is device code (device=True)")
+    want = _GPU_PARAMS if device else _PARAMS_STATE if stateful else _PARAMS
     if isinstance(classes, str) or classes != (want, "i"):
         got = classes if isinstance(classes, str) else _describe(classes, want)
         if device:
@@ -313,17 +325,22 @@ def adopt(op, kind: str, fn, traced: bool, device: bool = False) -> None:
                 f"{what} function, but not of anybind's calling convention for device code "
                 f"{GPU_SIGNATURE}: {got}. See ab.ctypes_signature(device=True) and "
                 f"ab.GPU_SIGNATURE")
+        if classes == (_PARAMS_STATE, "i"):
+            got += ": a function with a state needs an op bound with state=ab.State(...)"
+        elif classes == (_PARAMS, "i"):
+            got += (": the op has a state (ab.State), so every compiled function of it takes "
+                    "void *state after err_size; see ab.ctypes_signature(state=True)")
         raise TypeError(
             f"anybind op '{op.name}': the {role} is a {what} function, but not of anybind's "
-            f"C calling convention {C_SIGNATURE}: {got}. See ab.numba_signature(), "
-            f"ab.ctypes_signature() and ab.C_SIGNATURE")
+            f"C calling convention {C_SIGNATURE}{' with void *state last' if stateful else ''}"
+            f": {got}. See ab.numba_signature(), ab.ctypes_signature() and ab.C_SIGNATURE")
     # now, so that a deserialised program finds it
     lib = _shimlib.register_gpu() if device else _shimlib.register_target()
     _validating(lib)
     address = _address(fn, what)
     name = _base(op.name, kind)
     text = f"anybind op '{op.name}': the compiled {role}"
-    fp = fingerprint(op, kind, fn)
+    fp = fingerprint(op, kind, fn) ^ (1 if stateful else 0)  # a name means one convention
     with _lock:
         entry = _names.get(name)
         if entry is not None and (entry.address != address or entry.fingerprint != fp
@@ -337,22 +354,24 @@ def adopt(op, kind: str, fn, traced: bool, device: bool = False) -> None:
                     f"one function: give this op another name= (or drop the other op first)")
         if (entry is None or entry.address != address or entry.fingerprint != fp
                 or entry.gpu != device):
-            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp, gpu=device)
+            _bind(lib, key_of(name), address, name, text, validate=True, fp=fp, gpu=device,
+                  stateful=stateful)
             locals_ = {} if entry is None else entry.locals
             entry = _names[name] = _Name(name, address, kind, weakref.WeakSet(), locals_, fp,
                                          device)
             _by_key[key_of(name)] = entry
         if address not in entry.locals:  # "#" is in no name: no stable key is one of these
             entry.locals[address] = local = key_of(f"{name}#{len(entry.locals)}")
-            _bind(lib, local, address, name, text, validate=False, gpu=device)
+            _bind(lib, local, address, name, text, validate=False, gpu=device,
+                  stateful=stateful)
         entry.ops.add(op)
         _keep.setdefault(address, fn)
 
 
 def _bind(lib, key: int, address: int, name: str, text: str, validate: bool,
-          fp: int = 0, gpu: bool = False) -> None:
+          fp: int = 0, gpu: bool = False, stateful: bool = False) -> None:
     status = lib.anybind_bind(key, address, name.encode(), text.encode(), int(validate), fp,
-                              int(gpu))
+                              int(gpu), int(stateful))
     if status != 0:
         raise MemoryError(f"{text}: the FFI shim could not bind it (status {status})")
 
@@ -513,6 +532,13 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
     rows = batch.size if batch is not None and mode == "sequential" else 0
     for_export = ctx.module_context.lowering_parameters.for_export
     name, key = link(op, kind, rule.fn, for_export)
+    what = str(compiled_kind(rule.fn))  # the route claims compiled code only
+    seen = [tuple(a.shape[1 if rows else 0:]) for a in [a for _, a in ins] + outs]
+    order = _layout.order_of(op, _RULE_NAMES[kind], what, _address(rule.fn, what), seen)
+    whole = order == "F" and batch is not None and not rows  # the batch axis goes last
+    if whole:
+        ins = [(_jax.transpose_value(v, _last(len(a.shape))), _moved(a)) for v, a in ins]
+        outs = [_moved(a) for a in outs]
     in_avals = [a for _, a in ins]
     with _lock:  # the shim runs the function only on calls its binding was given
         _allow(key, rows, in_avals, outs)
@@ -521,6 +547,9 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
                  anybind_rows=np.int64(-1 if _jax.is_symbolic_dim(rows) else rows))
     if call.debug and not gpu:  # outputs filled with a sentinel first, and checked after
         attrs["anybind_debug"] = np.int64(1)
+    state = getattr(op, "compiled_state", None)
+    if state is not None:  # the program holds it; the call names it
+        attrs["anybind_state"] = np.uint64(_state.hold(ctx, op, state)).view(np.int64)
     if for_export:  # how operands group into arguments: a process that never lowered
         tree = _signatures.tree_text(call.args_tree, call.kw_tree)  # this call checks it
         if tree is not None:
@@ -528,10 +557,33 @@ def lower(ctx, *args, role: str, kind: str, call, rule, batch, lin, need, mode: 
         # what it is exported with: it runs only where the name's binding is the same
         attrs["anybind_fingerprint"] = np.uint64(_names[name].fingerprint).view(np.int64)
     sub = ctx.replace(avals_in=in_avals, avals_out=outs)
-    results = jax.ffi.ffi_lowering(TARGET, has_side_effect=has_side_effect)(
+    layouts: dict[str, Any] = {}
+    if order == "F":
+        layouts = dict(
+            operand_layouts=[_layout.minor_to_major(len(a.shape), "F", bool(rows))
+                             for a in in_avals],
+            result_layouts=[_layout.minor_to_major(len(a.shape), "F", bool(rows))
+                            for a in outs])
+    results = jax.ffi.ffi_lowering(TARGET, has_side_effect=has_side_effect, **layouts)(
         sub, *[v for v, _ in ins], **attrs)
     results = list(results)
+    if whole:  # the batch axis back in front
+        results = [_jax.transpose_value(v, _first(len(a.shape))) for v, a in zip(results, outs)]
     return results if select is None else [results[j] for j in select]
+
+
+def _last(rank: int) -> tuple[int, ...]:
+    """The permutation that moves axis 0 last."""
+    return (*range(1, rank), 0)
+
+
+def _first(rank: int) -> tuple[int, ...]:
+    """The permutation that moves the last axis first."""
+    return (rank - 1, *range(rank - 1))
+
+
+def _moved(a):
+    return ShapedArray((*a.shape[1:], a.shape[0]), a.dtype)
 
 
 def kind_of_role(role: str, call, by_vmap_rule: bool) -> str:
@@ -552,6 +604,10 @@ class Route:
         return is_compiled(site.rule.fn)
 
     def adopt(self, op, kind: str, fn, traced: bool, device: bool, host, where: str) -> None:
+        state = getattr(op, "compiled_state", None)
+        if kind == "function" and state is not None and not isinstance(state, _state.State):
+            raise TypeError(f"anybind op '{op.name}': state must be an ab.State (a pointer "
+                            f"and the function that frees it), got {type(state).__name__}")
         adopt(op, kind, fn, traced, device)
 
     def lower(self, site: Site, *args, gpu: bool = False):

@@ -18,6 +18,9 @@
  *                          the stable name, the function's own name and the version the
  *                          user gave (ab.bind(export_version=)); a call by stable name
  *                          runs only where its binding's fingerprint is the same
+ *   anybind_state  int64   (an op with ab.State) the id of the op's state: the function
+ *                          gets the pointer registered under it (anybind_state_set) as
+ *                          a tenth argument; an id not registered, or dropped, is refused
  *
  * and the handler calls the function with anybind's C calling convention
  * (documented in docs/guides/compiled.md and in _compiled.py):
@@ -25,6 +28,8 @@
  *   int32_t fn(void *const *ins, void *const *outs, const int64_t *const *shapes,
  *              const int64_t *ranks, const int32_t *dtypes, int64_t n_in, int64_t n_out,
  *              char *err, int64_t err_size);
+ *
+ * or, bound for an op with state, the same with `void *state` after err_size.
  *
  * The same target has a second handler for XLA's CUDA platform
  * (anybind_gpu_handler), for device code (ab.bind(..., device=True)): the
@@ -48,10 +53,11 @@
  * them against the op's shape rule and allows them). Anything else is refused
  * with an error naming the op.
  *
- * Bindings live in an open-addressing table that grows (doubling) as it fills.
+ * Bindings, and states, live in open-addressing tables that grow (doubling) as they fill.
  * Nothing that a running call may read is ever freed: a binding changed by
- * name (anybind_bind again) is replaced, an outgrown table is kept, and the
- * allowed operands of a binding are a list that is only appended to. Writers
+ * name (anybind_bind again) is replaced, an outgrown table is kept, the
+ * allowed operands of a binding are a list that is only appended to, and a
+ * dropped state keeps its entry, marked dropped. Writers
  * are serialised by the caller (a Python lock); entries are published with
  * release semantics and read with acquire semantics, so lookups take no lock.
  *
@@ -68,6 +74,10 @@ typedef int32_t (*anybind_fn)(void *const *ins, void *const *outs,
                               const int64_t *const *shapes, const int64_t *ranks,
                               const int32_t *dtypes, int64_t n_in, int64_t n_out,
                               char *err, int64_t err_size);
+typedef int32_t (*anybind_state_fn)(void *const *ins, void *const *outs,
+                                    const int64_t *const *shapes, const int64_t *ranks,
+                                    const int32_t *dtypes, int64_t n_in, int64_t n_out,
+                                    char *err, int64_t err_size, void *state);
 
 /* Device code: the same, after XLA's stream (a cudaStream_t). */
 typedef int32_t (*anybind_gpu_fn)(void *stream, void *const *ins, void *const *outs,
@@ -102,12 +112,18 @@ typedef struct {
   size_t name_len;
   int64_t validate; /* 1: ask the validator about operands not allowed yet */
   uint64_t fingerprint; /* a by-name binding's: what a call by its name must carry */
+  int64_t takes_state;  /* 1: called with the op's state as a tenth argument */
   allowed *first;
 } binding;
 
+typedef struct { /* an op's state: the pointer its compiled functions get */
+  void *ptr;
+  int32_t live; /* 0 once dropped (its op and programs gone, about to be freed) */
+} state;
+
 typedef struct {
   uint64_t key; /* 0: empty */
-  binding *b;
+  void *b;      /* a binding, or a state */
 } slot;
 
 typedef struct {
@@ -115,7 +131,8 @@ typedef struct {
   slot slots[];
 } table;
 
-static table *current = NULL;
+static table *current = NULL; /* bindings */
+static table *states = NULL;
 static anybind_validator validator = NULL;
 
 /* ------------------------------------------------------------ registry */
@@ -137,7 +154,7 @@ static table *new_table(uint64_t size) {
   return t;
 }
 
-static void put(table *t, uint64_t key, binding *b) {
+static void put(table *t, uint64_t key, void *b) {
   for (uint64_t i = 0;; ++i) {
     slot *s = &t->slots[(key + i) & (t->size - 1)];
     if (s->key == 0) {
@@ -156,10 +173,32 @@ static char *copy_of(const char *s) {
   return c;
 }
 
+/* Set `key` to `value` in the table at `where`, replacing any value it had (which
+   stays allocated: calls may hold it). 0: done; 2: out of memory. */
+static int32_t insert(table **where, uint64_t key, void *value) {
+  table *t = *where;
+  slot *s = find(t, key);
+  if (s != NULL) {
+    __atomic_store_n(&s->b, value, __ATOMIC_RELEASE);
+    return 0;
+  }
+  if (t == NULL || 2 * (t->used + 1) > t->size) { /* grow: a new table, the old one kept */
+    table *g = new_table(t == NULL ? 1024 : 2 * t->size);
+    if (g == NULL) return 2;
+    for (uint64_t i = 0; t != NULL && i < t->size; ++i)
+      if (t->slots[i].key != 0) put(g, t->slots[i].key, t->slots[i].b);
+    __atomic_store_n(where, g, __ATOMIC_RELEASE);
+    t = g;
+  }
+  put(t, key, value);
+  return 0;
+}
+
 /* Bind `key` to `fn` (a new binding, with nothing allowed yet), replacing any
    binding it had; `gpu`: device code, for the GPU handler. 0: done; 2: out of memory. */
 int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
-                     int64_t validate, uint64_t fingerprint, int64_t gpu) {
+                     int64_t validate, uint64_t fingerprint, int64_t gpu,
+                     int64_t takes_state) {
   if (key == 0) key = 1;
   binding *b = calloc(1, sizeof(binding));
   if (b == NULL) return 2;
@@ -169,23 +208,29 @@ int32_t anybind_bind(uint64_t key, void *fn, const char *name, const char *what,
   b->what = copy_of(what);
   b->validate = validate;
   b->fingerprint = fingerprint;
+  b->takes_state = takes_state;
   if (b->name == NULL || b->what == NULL) return 2;
   b->name_len = strlen(b->name);
-  table *t = current;
-  slot *s = find(t, key);
-  if (s != NULL) {
-    __atomic_store_n(&s->b, b, __ATOMIC_RELEASE); /* the old one stays: calls may hold it */
-    return 0;
-  }
-  if (t == NULL || 2 * (t->used + 1) > t->size) { /* grow: a new table, the old one kept */
-    table *g = new_table(t == NULL ? 1024 : 2 * t->size);
-    if (g == NULL) return 2;
-    for (uint64_t i = 0; t != NULL && i < t->size; ++i)
-      if (t->slots[i].key != 0) put(g, t->slots[i].key, t->slots[i].b);
-    __atomic_store_n(&current, g, __ATOMIC_RELEASE);
-    t = g;
-  }
-  put(t, key, b);
+  return insert(&current, key, b);
+}
+
+/* Register an op's state under `id` (not 0). 0: done; 2: out of memory; 3: id taken. */
+int32_t anybind_state_set(uint64_t id, void *ptr) {
+  if (id == 0) return 3;
+  if (find(states, id) != NULL) return 3;
+  state *st = malloc(sizeof(state));
+  if (st == NULL) return 2;
+  st->ptr = ptr;
+  st->live = 1;
+  return insert(&states, id, st);
+}
+
+/* Drop the state of `id`: calls naming it are refused from now on. 0: done; 1: unknown. */
+int32_t anybind_state_drop(uint64_t id) {
+  slot *s = find(states, id);
+  if (s == NULL) return 1;
+  state *st = __atomic_load_n(&s->b, __ATOMIC_ACQUIRE);
+  __atomic_store_n(&st->live, 0, __ATOMIC_RELEASE);
   return 0;
 }
 
@@ -212,7 +257,7 @@ int32_t anybind_allow(uint64_t key, int64_t rows, int64_t n_in, int64_t n_out,
   if (key == 0) key = 1;
   slot *s = find(current, key);
   if (s == NULL) return 1;
-  binding *b = s->b;
+  binding *b = (binding *)s->b;
   int32_t dtypes[STACK_OPERANDS];
   int64_t ranks[STACK_OPERANDS];
   const int64_t *shapes[STACK_OPERANDS];
@@ -247,7 +292,7 @@ void anybind_set_validator(void *fn) { validator = (anybind_validator)fn; }
 int32_t anybind_api_version(void) { return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR; }
 
 /* Bumped with every change to this file, so that Python never loads a stale build. */
-int32_t anybind_shim_version(void) { return 7; }
+int32_t anybind_shim_version(void) { return 8; }
 
 /* ------------------------------------------------------------- helpers */
 
@@ -385,12 +430,17 @@ static void *stream_of(XLA_FFI_CallFrame *frame, XLA_FFI_Error **error) {
   return args.stream;
 }
 
+/* The binding's function on these buffers: a launcher gets the stream first, a function
+   with a state gets it last. */
 static int32_t call_fn(const binding *e, void *stream, void **ptrs, const int64_t **shapes,
                        const int64_t *ranks, const int32_t *dtypes, int64_t n_in,
-                       int64_t n_out, char *err) {
+                       int64_t n_out, char *err, void *state_ptr) {
   if (e->gpu)
     return ((anybind_gpu_fn)e->fn)(stream, ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in,
                                    n_out, err, ERR_SIZE);
+  if (e->takes_state)
+    return ((anybind_state_fn)e->fn)(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out,
+                                     err, ERR_SIZE, state_ptr);
   return ((anybind_fn)e->fn)(ptrs, ptrs + n_in, shapes, ranks, dtypes, n_in, n_out, err,
                              ERR_SIZE);
 }
@@ -403,7 +453,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
   const XLA_FFI_Api *api = frame->api;
   uint64_t key = 0;
   int64_t rows = 0, debug = 0;
-  uint64_t fingerprint = 0;
+  uint64_t fingerprint = 0, state_id = 0;
   const XLA_FFI_ByteSpan *name = NULL, *tree = NULL;
   for (int64_t i = 0; i < frame->attrs.size; ++i) {
     const XLA_FFI_ByteSpan *a = frame->attrs.names[i];
@@ -414,6 +464,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
       else if (ATTR_IS(a, "anybind_rows")) rows = *(const int64_t *)s->value;
       else if (ATTR_IS(a, "anybind_debug")) debug = *(const int64_t *)s->value;
       else if (ATTR_IS(a, "anybind_fingerprint")) fingerprint = *(const uint64_t *)s->value;
+      else if (ATTR_IS(a, "anybind_state")) state_id = *(const uint64_t *)s->value;
     } else if (frame->attrs.types[i] == XLA_FFI_AttrType_STRING) {
       if (ATTR_IS(a, "anybind_name")) name = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
       else if (ATTR_IS(a, "anybind_tree")) tree = (const XLA_FFI_ByteSpan *)frame->attrs.attrs[i];
@@ -421,7 +472,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
   }
   char msg[MSG_SIZE], called[512];
   slot *s = find(__atomic_load_n(&current, __ATOMIC_ACQUIRE), key == 0 ? 1 : key);
-  binding *e = s == NULL ? NULL : __atomic_load_n(&s->b, __ATOMIC_ACQUIRE);
+  binding *e = s == NULL ? NULL : (binding *)__atomic_load_n(&s->b, __ATOMIC_ACQUIRE);
   if (e == NULL || name == NULL || name->len != e->name_len ||
       memcmp(name->ptr, e->name, name->len) != 0) /* for the message: any bytes at all */
     utf8_into(called, sizeof called, name ? name->ptr : "?", name ? (int64_t)name->len : 1);
@@ -461,6 +512,22 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
     if (got != NULL) return got;
   }
   if (gpu) debug = 0; /* the outputs are device memory: see the top of this file */
+
+  void *state_ptr = NULL;
+  if (e->takes_state || state_id != 0) {
+    slot *ss = find(__atomic_load_n(&states, __ATOMIC_ACQUIRE), state_id);
+    state *st = ss == NULL ? NULL : (state *)__atomic_load_n(&ss->b, __ATOMIC_ACQUIRE);
+    if (!e->takes_state || st == NULL || !__atomic_load_n(&st->live, __ATOMIC_ACQUIRE)) {
+      snprintf(msg, sizeof msg, "%s: %s", e->what,
+               !e->takes_state ? "a program passes it a state, but it takes none"
+               : st == NULL ? "a program calls it with a state this process never made "
+                              "(an op's ab.State lives in its process only)"
+                            : "a program calls it with a state that was freed (its op and "
+                              "every program holding it were gone)");
+      return fail(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+    }
+    state_ptr = st->ptr;
+  }
 
   int64_t n_in = frame->args.size, n_out = frame->rets.size, n = n_in + n_out;
   void *ptr_stack[STACK_OPERANDS], *base_stack[STACK_OPERANDS];
@@ -550,7 +617,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
   int32_t status = 0;
   int64_t row = 0;
   if (rows == 0) {
-    status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err);
+    status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err, state_ptr);
   } else {
     /* Row b of an operand whose leading axis is `rows`; operands with a leading
        axis of 1 are the same row for every b. */
@@ -578,7 +645,7 @@ static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, int64_t gpu) {
     if (out_bytes == 0) rows = 0;
     for (row = 0; row < rows && status == 0; ++row) {
       for (int64_t i = 0; i < n; ++i) ptrs[i] = (char *)base[i] + row * strides[i];
-      status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err);
+      status = call_fn(e, stream, ptrs, shapes, ranks, dtypes, n_in, n_out, err, state_ptr);
     }
     row -= 1;
     for (int64_t i = 0; i < n; ++i) { /* back to whole buffers, for the debug check */

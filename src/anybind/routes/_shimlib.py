@@ -48,7 +48,7 @@ import jax.ffi
 from ..core import _jax
 
 TARGET = "anybind_compiled"
-SHIM_VERSION = 7  # must equal anybind_shim_version() in _shim.c
+SHIM_VERSION = 8  # must equal anybind_shim_version() in _shim.c
 
 _lock = threading.Lock()
 _registered: list = []  # [the library] once its handler is registered with XLA
@@ -99,8 +99,12 @@ def _open(path: Path, strict: bool = False) -> ctypes.CDLL | None:
                                f"{lib.anybind_shim_version()}, expected {SHIM_VERSION}")
         return None  # a stale build: build a fresh one
     u64, p, i64 = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64
-    lib.anybind_bind.argtypes = [u64, p, ctypes.c_char_p, ctypes.c_char_p, i64, u64, i64]
+    lib.anybind_bind.argtypes = [u64, p, ctypes.c_char_p, ctypes.c_char_p, i64, u64, i64, i64]
     lib.anybind_bind.restype = ctypes.c_int32
+    lib.anybind_state_set.argtypes = [u64, p]
+    lib.anybind_state_set.restype = ctypes.c_int32
+    lib.anybind_state_drop.argtypes = [u64]
+    lib.anybind_state_drop.restype = ctypes.c_int32
     lib.anybind_allow.argtypes = [u64, i64, i64, i64, ctypes.POINTER(i64), i64]
     lib.anybind_allow.restype = ctypes.c_int32
     lib.anybind_set_validator.argtypes = [p]

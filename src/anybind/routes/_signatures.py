@@ -131,12 +131,15 @@ def check(op, kind: str, text: str, rows: int, ins: list, outs: list) -> str | N
 
     ``ins``/``outs``: the program's avals, with the leading axis of ``rows`` if
     it calls by rows. A vectorized batch (a leading axis on everything, of 1
-    where unbatched) is tried where the op batches so.
+    where unbatched; the last axis in order ``"F"``) is tried where the op
+    batches so.
     """
     try:
         args_tree, kw_tree = _trees(text)
     except (ValueError, TypeError, RecursionError) as e:
         return f"{e}" if isinstance(e, ValueError) else "its argument structure is malformed"
+    # order="F": a whole batch comes with its axis last (Fortran's slowest)
+    last = getattr(op, "order", None) == "F"
     batched = (kind in _BATCHED_KINDS or kind.endswith(".vmap")
                or op.vmap in ("expand_dims", "broadcast_all"))
     tries = []
@@ -146,31 +149,35 @@ def check(op, kind: str, text: str, rows: int, ins: list, outs: list) -> str | N
         if kind not in _BATCHED_KINDS and not kind.endswith(".vmap"):
             tries.append(0)
         if batched and outs and outs[0].shape:
-            tries.append(outs[0].shape[0])
+            tries.append(outs[0].shape[-1 if last else 0])
     why = "it is not a call the op makes"
     for size in tries:
-        why = _check_one(op, kind, args_tree, kw_tree, size, ins, outs)
+        why = _check_one(op, kind, args_tree, kw_tree, size, ins, outs,
+                         last=last and size != rows)
         if why is None:
             return None
     return why
 
 
-def _strip(avals, size: int, ones: bool):
-    """The avals without their leading batch axis of ``size`` (or 1, with ``ones``)."""
+def _strip(avals, size: int, ones: bool, last: bool = False):
+    """The avals without their leading (``last``: trailing) batch axis of ``size`` (or 1,
+    with ``ones``)."""
     out = []
+    at = -1 if last else 0
     for a in avals:
-        if not a.shape or not (a.shape[0] == size or (ones and a.shape[0] == 1)):
+        if not a.shape or not (a.shape[at] == size or (ones and a.shape[at] == 1)):
             raise ValueError(f"an operand of shape {list(a.shape)} has no batch axis of "
                              f"{size}")
-        out.append(ShapedArray(a.shape[1:], a.dtype))
+        out.append(ShapedArray(a.shape[:-1] if last else a.shape[1:], a.dtype))
     return out
 
 
-def _check_one(op, kind, args_tree, kw_tree, size: int, ins, outs) -> str | None:
+def _check_one(op, kind, args_tree, kw_tree, size: int, ins, outs,
+               last: bool = False) -> str | None:
     lead = () if not size else (size,)
     try:
         if size:
-            ins, outs = _strip(ins, size, True), _strip(outs, size, False)
+            ins, outs = _strip(ins, size, True, last), _strip(outs, size, False, last)
         n, m = args_tree.num_leaves, kw_tree.num_leaves
         base = kind.removesuffix(".vmap")
         if base in ("bwd", "transpose"):  # the positional avals are those of the outputs

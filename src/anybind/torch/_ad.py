@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as fwAD
 
+from ..core._code import higher_order_way, is_compiled
 from ..core._errors import MissingRuleError
 from ..core._spec import Batch, Call
 from ..core.roles import (
@@ -76,11 +77,17 @@ def _higher_order_error(node: Node) -> MissingRuleError:
     op, kind = node.call.op, {"jvp": "jvp", "vjp": "vjp", "transpose": "transpose"}[node.role]
     if node.role == "vjp" and uses_residuals(node.call):
         kind = "bwd"
+    rule = {"jvp": op.jvp_rule, "vjp": op.vjp_rule, "bwd": getattr(op, "bwd_rule", None),
+            "transpose": op.transpose_rule}.get(kind)
+    if rule is not None and is_compiled(rule.fn):
+        return MissingRuleError(higher_order_way(rule.fn, op.name, kind, node.name,
+                                                 " under op.torch"))
     return MissingRuleError(
         f"anybind op '{op.name}': a higher-order derivative under op.torch differentiates its "
-        f"{node.name}, which is host code. Host rules give first derivatives only; for higher "
-        f"orders register the rule as traced (op.def_{kind}(rule, traced=True)), written with "
-        f"plain array arithmetic and bound ops so that it also runs on torch tensors")
+        f"{node.name}, which is host code. Host rules give first derivatives only; for "
+        f"higher orders register the rule as traced (op.def_{kind}(rule, traced=True)), "
+        f"written with plain array arithmetic and bound ops so that it also runs on torch "
+        f"tensors")
 
 
 def _checked(node: Node, role: str, name: str, run, ops, avals) -> list:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 
 from .._errors import MissingRuleError
 from .._spec import Call, Rule, fmt_aval
-from . import _jvp, _primal, _transpose, _vjp
+from . import _jvp, _op_rule, _primal, _transpose, _vjp
 from ._common import (
     ROLE_NAMES,
     ROLES,
@@ -120,6 +120,12 @@ def make_run(role: str, call: Call, rule: Rule, lin, need, xp, lead) -> Callable
         if run is not None:
             return run
     op, zeros_as_none = call.op, rule.symbolic_zeros
+    if _op_rule.is_op(rule.fn) and role in _op_rule.ROLES and not (
+            role == "jvp" and derives_jvp(call)):  # an op as the rule: a rule of the rule
+        if role == "vjp" and uses_residuals(call):
+            raise TypeError(f"anybind op '{op.name}': an op as the bwd rule is not supported; "
+                            f"give it as the vjp rule (def_vjp), without def_fwd")
+        return _op_rule.run(role, call, rule.fn, lin, need)
     if role == "primal":
         return _primal.primal(call, rule.fn, xp, lead, inplace=rule.out)
     if role == "fwd":
