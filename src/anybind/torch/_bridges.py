@@ -86,7 +86,7 @@ BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
                shard: str | None = None, replicated: tuple[str, ...] = (),
                examples: Callable[[], tuple] | None = None,
-               return_state: bool = False) -> _api.Op:
+               return_state: bool = False, mode: str = "call", check: bool = False) -> _api.Op:
     """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
 
     Args:
@@ -141,6 +141,11 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         return fn  # already an op, with its own op.torch
     if isinstance(fn, TorchOp):
         return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
+    if mode != "call" or check:  # the program as JAX code: _translate
+        from . import _translate
+        return _translate.from_torch(fn, shape=shape, name=name, vmap=vmap, shard=shard,
+                                     replicated=replicated, examples=examples,
+                                     return_state=return_state, mode=mode, check=check)
     given = fn
     if isinstance(fn, torch.nn.Module):
         fn = _module_function(fn, return_state)

@@ -152,3 +152,18 @@ class _ThenLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str):  # get_source and the rest: the wrapped loader's
         return getattr(self.inner, name)
+
+
+# ------------------------------------------------ graph capture (mode="translate")
+
+def tree_flatten(tree):
+    """torch's own pytree flattening, the order ``torch.export`` numbers a program's
+    inputs and outputs in (``torch.utils._pytree.tree_flatten``, 2.0)."""
+    from torch.utils import _pytree
+    return _pytree.tree_flatten(tree)
+
+
+def tree_unflatten(leaves, spec):
+    """The inverse of ``tree_flatten`` (``torch.utils._pytree.tree_unflatten``, 2.0)."""
+    from torch.utils import _pytree
+    return _pytree.tree_unflatten(leaves, spec)
