@@ -472,6 +472,38 @@ def _as_strided(node, x, size, stride, storage_offset=None):
     return jnp.reshape(x, -1)[np.asarray(idx, np.int64).reshape(tuple(size))]
 
 
+@rule("slice_scatter.default")
+def _slice_scatter(node, x, src, dim=0, start=None, end=None, step=1):
+    dim = dim % x.ndim
+    start, end, step = slice(start, end, step).indices(x.shape[dim])
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(start, end, step)
+    return x.at[tuple(idx)].set(_cast(src, x.dtype))
+
+
+@rule("select_scatter.default")
+def _select_scatter(node, x, src, dim, index):
+    idx = [slice(None)] * x.ndim
+    idx[dim % x.ndim] = index
+    return x.at[tuple(idx)].set(_cast(src, x.dtype))
+
+
+@rule("view_as_real.default")
+def _view_as_real(node, x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@rule("view_as_complex.default")
+def _view_as_complex(node, x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@rule("_assert_tensor_metadata.default", "_assert_scalar.default",
+      "sym_constrain_range_for_size.default")
+def _assert(node, *args, **kw):
+    return None  # checks torch made while capturing, on shapes and dtypes that are fixed
+
+
 # -------------------------------------------------------------------- indexing
 
 @rule("index.Tensor")

@@ -218,6 +218,14 @@ class Program:
         self._inputs(ep, params)
         self._outputs(ep)
         self._scan()
+        if t.check and not self.whole_call:  # on a thread of its own: no trace is active
+            failed: list = []                  # there (JAX's trace state is per thread)
+            th = threading.Thread(target=_catching(failed, verify),
+                                  args=(self, args, arrays, static))
+            th.start()
+            th.join()
+            if failed:
+                raise failed[0]
 
     # where each placeholder comes from
     def _inputs(self, ep, params):
@@ -319,7 +327,8 @@ class Program:
                 values.append(jax.lax.stop_gradient(params[what]))
             else:
                 values.append(_constant(what))
-        outs = lower(self.graph, values, key, self.fallback, t.name)
+        with jax.numpy_rank_promotion("allow"):  # torch broadcasts across ranks
+            outs = lower(self.graph, values, key, self.fallback, t.name)
         user, state = [], {}
         for sink, v in zip(self.sinks, outs):
             if sink is None:
@@ -505,3 +514,109 @@ def _node_op(name: str, node) -> _api.Op | None:
     call.__name__ = op_name
     return _bridges.from_torch(call, shape=spec if isinstance(val, list | tuple) else spec[0],
                                name=op_name)
+
+
+# ------------------------------------------------------------------ check=True
+
+_TOL = {np.dtype(np.float64): (1e-7, 1e-9), np.dtype(np.float32): (2e-4, 1e-5)}
+
+
+def _catching(failed: list, fn: Callable) -> Callable:
+    def run(*args):
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001  (raised again by the calling thread)
+            failed.append(e)
+    return run
+
+
+def verify(prog: Program, args, arrays: dict, static: dict) -> None:
+    """``check=True``: the new program against torch, once, on sampled inputs.
+
+    Floating inputs are standard normal (seed 0), integers and bools zeros; a
+    module's parameters and buffers are its own. Compared: the outputs, and the
+    gradient of ``Σ ȳ·y`` (ȳ standard normal) in every floating input and
+    parameter, JAX's against torch's autograd. A program whose random ops are
+    translated (``key=``) draws other numbers than torch and is not compared.
+    """
+    t = prog.t
+    if any(_aten.name_of(n.target) in _aten.RANDOM for n in prog.graph.nodes
+           if n.op == "call_function" and n not in prog.fallback):
+        return
+    r = np.random.default_rng(0)
+
+    def sample(a):
+        d = np.dtype(a.dtype)
+        if jnp.issubdtype(d, jnp.floating):
+            return r.standard_normal(np.shape(a)).astype(d)
+        return np.zeros(np.shape(a), d)
+    params = None
+    if t.module is not None:
+        params = {k: _constant(v) for k, v in t.module.state_dict().items()
+                  if k in args[0]}
+        args = (params, *tree_util.tree_map(sample, args[1:]))
+    else:
+        args = tree_util.tree_map(sample, args)
+    arrays = tree_util.tree_map(sample, arrays)
+    floats = lambda tree: [x for x in tree_util.tree_leaves(tree)  # noqa: E731
+                           if jnp.issubdtype(np.dtype(x.dtype), jnp.floating)]
+    out = prog.run(args, arrays, None)
+    outs = floats(out[0] if t.return_state and t.module is not None else out)
+    cts = [jnp.asarray(r.standard_normal(o.shape)).astype(o.dtype) for o in outs]
+
+    def scalar(a):
+        o = prog.run(a, arrays, None)
+        o = o[0] if t.return_state and t.module is not None else o
+        return sum(jnp.sum((y * c).astype(jnp.float32)) for y, c in
+                   zip(floats(o), cts, strict=True))
+    grads = jax.grad(scalar, allow_int=True)(args) if outs else None
+    # torch, on the same values
+    to_t = lambda x: _to_tensor(x)  # noqa: E731
+    targs, tarrays = tree_util.tree_map(to_t, (args, arrays))
+    leaves = [x for x in tree_util.tree_leaves(targs) if x.is_floating_point()]
+    for x in leaves:
+        x.requires_grad_(True)
+    if t.module is not None:
+        buffers = {n for n, _ in t.module.named_buffers(remove_duplicate=False)}
+        p = {k: (v.detach().clone() if k in buffers else v) for k, v in targs[0].items()}
+        tout = torch.func.functional_call(t.module, p, tuple(targs[1:]), {**tarrays, **static},
+                                          tie_weights=False)
+    else:
+        tout = t.fn(*targs, **tarrays, **static)
+    touts = [o for o in _torch.tree_flatten(tout)[0]
+             if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    _compare(t.name, "outputs", outs, touts)
+    if not outs:
+        return
+    s = sum((o.double() * _to_tensor(c).double()).sum() for o, c in zip(touts, cts))
+    need = [x for x in leaves if x.requires_grad]
+    tg = torch.autograd.grad(s, need, allow_unused=True)
+    jg = [g for g, x in zip(tree_util.tree_leaves(grads), tree_util.tree_leaves(targs))
+          if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    tg = [torch.zeros_like(x) if g is None else g for g, x in zip(tg, need)]
+    _compare(t.name, "gradients", jg, tg)
+
+
+def _to_tensor(x) -> torch.Tensor:
+    x = np.asarray(x)
+    if x.dtype == np.dtype(jnp.bfloat16):
+        return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.array(x))
+
+
+def _compare(name: str, what: str, got: list, expected: list) -> None:
+    if len(got) != len(expected):
+        raise ValueError(f"anybind op '{name}': check=True: the translated program has "
+                         f"{len(got)} floating {what}, torch's {len(expected)}")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        g = np.asarray(g, np.float64)
+        e = e.detach().double().numpy()
+        rtol, atol = _TOL.get(np.dtype(np.asarray(got[i]).dtype), (3e-2, 3e-2))
+        scale = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
+        if g.shape != e.shape or not np.allclose(g, e, rtol=rtol, atol=atol * scale):
+            diff = float(np.max(np.abs(g - e))) if g.shape == e.shape else None
+            raise ValueError(
+                f"anybind op '{name}': check=True: the translated program's {what} differ "
+                f"from torch's on the same inputs ({what[:-1]} {i}: shape {g.shape} vs "
+                f"{e.shape}, max |difference| {diff}, tolerance rtol={rtol}, atol={atol}·"
+                f"{scale:.3g}). Run it with mode='call', and report the op")
