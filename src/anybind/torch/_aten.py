@@ -504,6 +504,118 @@ def _assert(node, *args, **kw):
     return None  # checks torch made while capturing, on shapes and dtypes that are fixed
 
 
+@rule("diagonal.default")
+def _diagonal(node, x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, dim1 % x.ndim, dim2 % x.ndim)
+
+
+@rule("fill.Scalar", "fill.Tensor")
+def _fill(node, x, value):
+    return jnp.broadcast_to(_cast(jnp.asarray(value), node.dtype), node.shape)
+
+
+@rule("repeat.default")
+def _repeat(node, x, repeats):
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+def _pad_mode(mode):
+    def run(node, x, padding):
+        n = len(padding) // 2
+        cfg = [(0, 0)] * (x.ndim - n) + [(padding[2 * (n - 1 - i)], padding[2 * (n - 1 - i) + 1])
+                                         for i in range(n)]
+        return jnp.pad(x, cfg, mode=mode)
+    return run
+
+
+rule("reflection_pad1d.default", "reflection_pad2d.default",
+     "reflection_pad3d.default")(_pad_mode("reflect"))
+rule("replication_pad1d.default", "replication_pad2d.default",
+     "replication_pad3d.default")(_pad_mode("edge"))
+
+
+@rule("sym_size.int")
+def _sym_size(node, x, dim):
+    return x.shape[dim]
+
+
+@rule("sym_numel.default")
+def _sym_numel(node, x):
+    return x.size
+
+
+def _nearest_index(n_in, n_out, scale):
+    s = n_in / n_out if scale is None else 1.0 / scale
+    return np.minimum(np.floor(np.arange(n_out) * s).astype(np.int64), n_in - 1)
+
+
+@rule("upsample_nearest2d.vec", "upsample_nearest1d.vec", "upsample_nearest3d.vec")
+def _upsample_nearest(node, x, output_size, scale_factors):
+    nsp = len(node.shape) - 2
+    for i in range(nsp):
+        ax = 2 + i
+        sc = None if output_size is not None or scale_factors is None else scale_factors[i]
+        x = jnp.take(x, _nearest_index(x.shape[ax], node.shape[ax], sc), axis=ax)
+    return x
+
+
+@rule("upsample_bilinear2d.vec", "upsample_linear1d.vec")
+def _upsample_linear(node, x, output_size, align_corners, scale_factors):
+    d = _acc(node.dtype)
+    x = _cast(x, d)
+    nsp = len(node.shape) - 2
+    for i in range(nsp):
+        ax, n_in, n_out = 2 + i, x.shape[2 + i], node.shape[2 + i]
+        if align_corners:
+            src = np.arange(n_out) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+        else:
+            sc = (n_in / n_out if output_size is not None or scale_factors is None
+                  else 1.0 / scale_factors[i])
+            src = np.maximum((np.arange(n_out) + 0.5) * sc - 0.5, 0.0)
+        lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+        hi = np.minimum(lo + 1, n_in - 1)
+        w = (src - lo).astype(d).reshape((-1,) + (1,) * (x.ndim - ax - 1))
+        x = jnp.take(x, lo, axis=ax) * (1 - w) + jnp.take(x, hi, axis=ax) * w
+    return x
+
+
+@rule("_cdist_forward.default")
+def _cdist(node, a, b, p, compute_mode=None):
+    diff = jnp.abs(a[..., :, None, :] - b[..., None, :, :])
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, -1))
+    if p == float("inf"):
+        return jnp.max(diff, -1)
+    if p == 0:
+        return jnp.sum(diff != 0, -1).astype(a.dtype)
+    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+
+
+@rule("_pdist_forward.default")
+def _pdist(node, a, p=2.0):
+    i, j = np.triu_indices(a.shape[0], 1)
+    diff = jnp.abs(a[i] - a[j])
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, -1))
+    if p == float("inf"):
+        return jnp.max(diff, -1)
+    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+
+
+@rule("masked_scatter.default")
+def _masked_scatter(node, x, mask, src):
+    mask = jnp.broadcast_to(mask, node.shape).reshape(-1)
+    pos = jnp.clip(jnp.cumsum(mask) - 1, 0, max(src.size - 1, 0))
+    return jnp.where(mask, src.reshape(-1)[pos].astype(x.dtype),
+                     jnp.broadcast_to(x, node.shape).reshape(-1)).reshape(node.shape)
+
+
+@rule("randperm.default", random=True)
+def _randperm(node, n, **kw):
+    return jax.random.permutation(node.key(), n).astype(node.dtype)
+
+
 # -------------------------------------------------------------------- indexing
 
 @rule("index.Tensor")
@@ -558,6 +670,33 @@ def _scatter_add(node, x, dim, index, src):
     dim = dim % max(x.ndim, 1)
     src = src[tuple(slice(0, n) for n in index.shape)]
     return x.at[_axis_ix(index, dim)].add(_cast(src, x.dtype))
+
+
+_SCATTER_REDUCE = {"sum": "add", "prod": "multiply", "amax": "max", "amin": "min",
+                   "mean": "add"}
+
+
+@rule("scatter_reduce.two")
+def _scatter_reduce(node, x, dim, index, src, reduce, *, include_self=True):
+    dim = dim % max(x.ndim, 1)
+    d = _acc(node.dtype)
+    src = _cast(src[tuple(slice(0, n) for n in index.shape)], d)
+    at = _axis_ix(index, dim)
+    x = _cast(x, d)
+    if not include_self:  # the reduction's identity where src lands
+        ident = {"sum": 0, "mean": 0, "prod": 1,
+                 "amax": -jnp.inf if jnp.issubdtype(d, jnp.floating) else jnp.iinfo(d).min,
+                 "amin": jnp.inf if jnp.issubdtype(d, jnp.floating) else jnp.iinfo(d).max}
+        base = x.at[at].set(ident[reduce])
+    else:
+        base = x
+    out = getattr(base.at[at], _SCATTER_REDUCE[reduce])(src)
+    if reduce == "mean":
+        count = jnp.zeros(x.shape, d).at[at].add(1) + (1 if include_self else 0)
+        out = jnp.where(count > 0, out / jnp.maximum(count, 1), x)
+        if jnp.issubdtype(node.dtype, jnp.integer):
+            out = jnp.floor(out)
+    return out
 
 
 @rule("embedding.default")
