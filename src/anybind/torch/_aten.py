@@ -848,6 +848,9 @@ def _dot(node, a, b):
 def _convolution(node, x, w, bias, stride, padding, dilation, transposed, output_padding,
                  groups):
     nsp = x.ndim - 2
+    stride, padding, dilation, output_padding = (
+        list(v) * (nsp // len(v)) if len(v) else [0] * nsp
+        for v in (stride, padding, dilation, output_padding))
     d = _acc(node.dtype)
     x, w = _cast(x, d), _cast(w, d)
     spatial = "DHW"[-nsp:] if nsp <= 3 else None

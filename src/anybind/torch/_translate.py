@@ -498,6 +498,8 @@ def _node_op(name: str, node) -> _api.Op | None:
     vals = val if isinstance(val, list | tuple) else (val,)
     if node.op != "call_function" or not all(isinstance(v, torch.Tensor) for v in vals):
         return None
+    if _aten.name_of(node.target).startswith("anybind::"):  # JAX code run by torch
+        return None  # (ab.to_torch inside the function): the program runs as one call
     ins = _tensor_inputs(node)
     if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in ins):
         return None
@@ -507,7 +509,8 @@ def _node_op(name: str, node) -> _api.Op | None:
     def call(*tensors):
         got = dict(zip(ins, tensors))
         a, k = torch.fx.node.map_arg((args, kwargs), lambda n: got[n])
-        return target(*a, **k)
+        out = target(*a, **k)
+        return tuple(out) if isinstance(out, list) else out  # as the spec says
     spec = tuple(jax.ShapeDtypeStruct(tuple(int(s) for s in v.shape), _np(v.dtype))
                  for v in vals)
     op_name = re.sub(r"\W", "_", f"{name}_{node.name}")
