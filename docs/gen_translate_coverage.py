@@ -22,8 +22,10 @@ PAGE = ROOT / "docs" / "reference" / "translate-coverage.md"
 def core_ops() -> list[str]:
     """torch's core ATen op set: every overload tagged ``torch.Tag.core``."""
     import torch
+
+    from anybind.torch import _torch
     out = []
-    for name in dir(torch.ops.aten):
+    for name in _torch.aten_packets():
         packet = getattr(torch.ops.aten, name, None)
         if name.startswith("__") or not hasattr(packet, "overloads"):
             continue

@@ -454,3 +454,14 @@ def _numpy(t):
     if t.dtype == torch.bfloat16:
         return np.asarray(jnp.asarray(t.float().numpy()).astype(jnp.bfloat16))
     return t.numpy()
+
+
+@pytest.mark.slow  # captures every model twice
+def test_the_coverage_page_is_what_its_script_writes():
+    import pathlib
+    import sys
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
+    sys.path.insert(0, str(docs))
+    import gen_translate_coverage
+    assert gen_translate_coverage.PAGE.read_text() == gen_translate_coverage.render(), (
+        "run: python docs/gen_translate_coverage.py")

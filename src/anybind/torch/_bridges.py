@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import weakref
 from collections.abc import Callable
 
@@ -107,6 +108,21 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
       return_state: for a module: the op returns ``(out, state)``, ``state`` the
         buffers after the call, so that a module in train mode (a batch norm
         updating its running statistics) trains functionally.
+      mode: ``"call"`` (the default): torch runs, as described below.
+        ``"translate"``: the program captured by ``torch.export`` (once per
+        shape, dtype and static keyword), decomposed to torch's core ATen ops,
+        becomes JAX code (``jax.numpy``/``lax`` with torch's dtypes), so jit,
+        every transformation, sharding and ``jax.export`` are JAX's own; an op
+        with no translation is an error naming every such op. ``"auto"``: the
+        same, with each node that has no translation run as a torch call inside
+        the program (a program that cannot be captured: one call). Random ops
+        translate when the op is called with ``key=`` (a JAX key; node i draws
+        from ``jax.random.fold_in(key, i)``); without it, ``"auto"`` runs them
+        by torch's generator and ``"translate"`` raises. ``shape=`` and
+        ``vmap=`` apply to what runs as torch calls only.
+      check: with ``"translate"`` or ``"auto"``: each newly captured program is
+        compared once with torch on sampled inputs (outputs, and gradients in
+        the floating inputs and parameters); a difference raises ValueError.
 
     No torch code changes a JAX array: an input the function writes into (found
     by running it once on fake tensors) is handed to it as a private copy, so
@@ -136,6 +152,9 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     >>> params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
     >>> jax.grad(lambda p, x: op(p, x).sum())(params, jnp.ones(3))["bias"]
     Array([1., 1.], dtype=float32)
+    >>> fast = ab.from_torch(net, mode="translate")  # JAX code: no torch at run time
+    >>> jax.jit(jax.grad(lambda p, x: fast(p, x).sum()))(params, jnp.ones(3))["bias"]
+    Array([1., 1.], dtype=float32)
     """
     if isinstance(fn, _api.Op):
         return fn  # already an op, with its own op.torch
@@ -145,7 +164,8 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         from . import _translate
         return _translate.from_torch(fn, shape=shape, name=name, vmap=vmap, shard=shard,
                                      replicated=replicated, examples=examples,
-                                     return_state=return_state, mode=mode, check=check)
+                                     return_state=return_state, mode=mode, check=check,
+                                     bridges=sys.modules[__name__])
     given = fn
     if isinstance(fn, torch.nn.Module):
         fn = _module_function(fn, return_state)

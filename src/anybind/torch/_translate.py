@@ -48,6 +48,7 @@ from . import _aten, _torch
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
 
 MODES = ("auto", "translate", "call")
+_BRIDGES = None  # the module _bridges, which imports this one (from_torch hands it down)
 
 
 class Untranslatable(TypeError):
@@ -56,11 +57,13 @@ class Untranslatable(TypeError):
 
 # ----------------------------------------------------------------- the op
 
-def from_torch(fn, *, mode: str, check: bool, **opts) -> _api.Op:
+def from_torch(fn, *, mode: str, check: bool, bridges, **opts) -> _api.Op:
     """``ab.from_torch(fn, mode=mode)`` for ``"translate"`` and ``"auto"``: an op whose
     traced function is ``Translated``; ``op.torch`` is the torch code itself, as for
-    ``mode="call"``, which ``"auto"`` falls back to where nothing can be captured."""
-    from . import _bridges
+    ``mode="call"``, which ``"auto"`` falls back to where nothing can be captured.
+    ``bridges``: the module ``_bridges`` (``mode="call"``'s ops), handed down by it."""
+    global _BRIDGES
+    _BRIDGES = _bridges = bridges
     if mode not in MODES:
         raise ValueError(f"ab.from_torch: mode must be one of {MODES}, got {mode!r}")
     if mode == "call":
@@ -503,7 +506,6 @@ def _node_op(name: str, node) -> _api.Op | None:
     ins = _tensor_inputs(node)
     if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in ins):
         return None
-    from . import _bridges
     target, args, kwargs = node.target, node.args, node.kwargs
 
     def call(*tensors):
@@ -515,7 +517,7 @@ def _node_op(name: str, node) -> _api.Op | None:
                  for v in vals)
     op_name = re.sub(r"\W", "_", f"{name}_{node.name}")
     call.__name__ = op_name
-    return _bridges.from_torch(call, shape=spec if isinstance(val, list | tuple) else spec[0],
+    return _BRIDGES.from_torch(call, shape=spec if isinstance(val, list | tuple) else spec[0],
                                name=op_name)
 
 
