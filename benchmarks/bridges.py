@@ -492,6 +492,113 @@ def first_calls() -> dict:
     return out
 
 
+# ------------------------------------- models: translated, by hand, call mode, torch
+
+def _models():
+    """(name, torch module, input of batch n, the same model by hand in jax.numpy),
+    float32, eval mode; the models of tests/test_bridges_translate.py."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from test_bridges_translate import CNN, MLP, ResBlock
+    hi = jax.lax.Precision.HIGHEST
+
+    def lin(p, k, x):
+        return jnp.matmul(x, p[f"{k}.weight"].T, precision=hi) + p[f"{k}.bias"]
+
+    def mlp(p, x):
+        h = jax.nn.gelu(lin(p, "l1", x), approximate=False)
+        m, v = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+        h = (h - m) * jax.lax.rsqrt(v + 1e-5) * p["ln.weight"] + p["ln.bias"]
+        return lin(p, "l2", h)
+
+    def conv(p, k, x, stride=1, pad=0, bias=True):
+        y = jax.lax.conv_general_dilated(x, p[f"{k}.weight"], (stride, stride),
+                                         [(pad, pad)] * 2, precision=hi)
+        return y + p[f"{k}.bias"][:, None, None] if bias else y
+
+    def bn(p, k, x):
+        s = p[f"{k}.weight"] * jax.lax.rsqrt(p[f"{k}.running_var"] + 1e-5)
+        return (x - p[f"{k}.running_mean"][:, None, None]) * s[:, None, None] + \
+            p[f"{k}.bias"][:, None, None]
+
+    def cnn(p, x):
+        x = jax.nn.relu(bn(p, "bn", conv(p, "c1", x, pad=1)))
+        x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        x = jax.nn.relu(conv(p, "c2", x, stride=2))
+        return lin(p, "fc", x.mean((2, 3)))
+
+    def res(p, x):
+        out = jax.nn.relu(bn(p, "bn1", conv(p, "conv1", x, pad=1, bias=False)))
+        return jax.nn.relu(bn(p, "bn2", conv(p, "conv2", out, pad=1, bias=False)) + x)
+
+    return [("MLP", MLP, lambda n: (n, 8), mlp, (1, 1_000, 1_000_000)),
+            ("CNN", CNN, lambda n: (n, 3, 12, 12), cnn, (1, 100, 1_000)),
+            ("ResBlock", ResBlock, lambda n: (n, 8, 6, 6), res, (1, 100, 1_000))]
+
+
+def time_models(repeats: int, sample_s: float) -> dict:
+    """µs per call of each model, batch n, float32: jit(f) and jit(grad) in the params."""
+    out: dict = {}
+    for name, cls, shape, by_hand, sizes in _models():
+        torch.manual_seed(0)
+        m = cls().eval()
+        p = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
+        tp = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        for n in sizes:
+            x = np.random.default_rng(0).standard_normal(shape(n)).astype(np.float32)
+            tx = torch.from_numpy(x)
+            routes = {"jax.numpy by hand": by_hand,
+                      "from_torch translate": ab.from_torch(m, mode="translate"),
+                      "from_torch call": ab.from_torch(m, mode="call")}
+            want = m(tx).detach().numpy()
+            thunks = {}
+            fp = {k: v for k, v in p.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+            rest = {k: v for k, v in p.items() if k not in fp}
+            for r, f in routes.items():
+                fwd = jax.jit(f)
+                grd = jax.jit(lambda fp, rest, x, f=f: jax.grad(
+                    lambda q: f({**rest, **q}, x).sum())(fp))
+                np.testing.assert_allclose(fwd(p, x), want, rtol=2e-3, atol=2e-4)
+                thunks[f"{r}|jit(f)"] = run._thunk(fwd, (p, x))
+                thunks[f"{r}|jit(grad)"] = run._thunk(grd, (fp, rest, x))
+            params = [v.requires_grad_() for k, v in tp.items() if v.is_floating_point()
+                      and k in dict(m.named_parameters())]
+
+            def torch_fwd():
+                with torch.no_grad():
+                    torch.func.functional_call(m, tp, (tx,))
+
+            def torch_grad():
+                y = torch.func.functional_call(m, tp, (tx,)).sum()
+                torch.autograd.grad(y, params)
+            thunks["real torch|jit(f)"] = torch_fwd
+            thunks["real torch|jit(grad)"] = torch_grad
+            for key, r in run.measure(thunks, repeats, sample_s).items():
+                route, what = key.split("|")
+                out.setdefault(name, {}).setdefault(what, {}).setdefault(n, {})[route] = {
+                    k: r[k] for k in ("min_us", "median_us")}
+    return out
+
+
+def _models_md(res: dict) -> str:
+    parts = ["µs per call, min (median); ×: the min over jax.numpy by hand's, in the same "
+             "run. Float32, eval mode, batch n; grad in the parameters."]
+    for name, by_what in res.items():
+        for what, by_n in by_what.items():
+            sizes = sorted(by_n, key=int)
+            routes = list(dict.fromkeys(r for v in by_n.values() for r in v))
+            rows = []
+            for r in routes:
+                row = [r]
+                for n in sizes:
+                    v, b = by_n[n].get(r), by_n[n].get("jax.numpy by hand")
+                    row.append("–" if v is None else f"{run._fmt(v['min_us'])} "
+                               f"({run._fmt(v['median_us'])}) ×{v['min_us'] / b['min_us']:.2f}")
+                rows.append(row)
+            parts += ["", f"**{name}, {what}**", "",
+                      run._md(["route"] + [f"n = {int(n):,}" for n in sizes], rows)]
+    return "\n".join(parts)
+
+
 # ------------------------------------------------------------------ reporting
 
 def versions() -> dict:
@@ -575,6 +682,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(HERE / "bridges.json"))
     ap.add_argument("--async-dispatch", action="store_true",
                     help="keep JAX's asynchronous CPU dispatch (off by default, as in run.py)")
+    ap.add_argument("--models", action="store_true",
+                    help="only the models: from_torch translate vs jax.numpy, call mode, torch")
     args = ap.parse_args(argv)
     # As in run.py: every call waits for its result, so asynchronous dispatch only adds a
     # hand-off to XLA's worker thread, whose cost on a loaded 2-core machine swamps the
@@ -583,6 +692,16 @@ def main(argv: list[str] | None = None) -> dict:
     repeats = args.repeats or (5 if args.quick else 15)
     sample_s = args.sample_ms / 1e3
     t0 = time.perf_counter()
+    if args.models:
+        res_m = {"machine": run.machine(), "versions": versions(), "repeats": repeats,
+                 "models": time_models(repeats, sample_s)}
+        res_m["machine"].setdefault("load_avg", os.getloadavg())
+        res_m["seconds"] = round(time.perf_counter() - t0, 1)
+        Path(HERE / "bridges_models.json").write_text(
+            json.dumps(res_m, indent=1, ensure_ascii=False) + "\n")
+        print(_models_md(res_m["models"]))
+        print(f"\n({res_m['seconds']} s)")
+        return res_m
     errors: dict = {}
     res: dict[str, Any] = {"machine": run.machine(), "versions": versions(), "repeats": repeats}
     res["machine"].setdefault("load_avg", os.getloadavg())

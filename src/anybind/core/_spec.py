@@ -82,7 +82,8 @@ def is_float(aval) -> bool:
 
 
 def fmt_aval(a) -> str:
-    return f"{np.dtype(a.dtype).name}{list(a.shape)}"
+    d = a.dtype  # a typed PRNG key's dtype (key<fry>) is no NumPy dtype
+    return f"{np.dtype(d).name if isinstance(d, np.dtype) else d}{list(a.shape)}"
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

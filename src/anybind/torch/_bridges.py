@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import weakref
 from collections.abc import Callable
 
@@ -90,7 +91,8 @@ BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
                shard: str | None = None, replicated: tuple[str, ...] = (),
                examples: Callable[[], tuple] | None = None,
-               return_state: bool = False, discard_state: bool = False) -> Op:
+               return_state: bool = False, discard_state: bool = False, mode: str = "call",
+               check: bool = False) -> Op:
     """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
 
     Args:
@@ -118,6 +120,21 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         that updates buffers (train mode) is an error naming them, as in flax.
       discard_state: for a module in train mode: drop its buffer updates on purpose
         (no error); the buffers you pass are used as they are at every call.
+      mode: ``"call"`` (the default): torch runs, as described below.
+        ``"translate"``: the program captured by ``torch.export`` (once per
+        shape, dtype and static keyword), decomposed to torch's core ATen ops,
+        becomes JAX code (``jax.numpy``/``lax`` with torch's dtypes), so jit,
+        every transformation, sharding and ``jax.export`` are JAX's own; an op
+        with no translation is an error naming every such op. ``"auto"``: the
+        same, with each node that has no translation run as a torch call inside
+        the program (a program that cannot be captured: one call). Random ops
+        translate when the op is called with ``key=`` (a JAX key; node i draws
+        from ``jax.random.fold_in(key, i)``); without it, ``"auto"`` runs them
+        by torch's generator and ``"translate"`` raises. ``shape=`` and
+        ``vmap=`` apply to what runs as torch calls only.
+      check: with ``"translate"`` or ``"auto"``: each newly captured program is
+        compared once with torch on sampled inputs (outputs, and gradients in
+        the floating inputs and parameters); a difference raises ValueError.
 
     No torch code changes a JAX array: an input the function writes into (found
     by running it once on fake tensors) is handed to it as a private copy, so
@@ -147,11 +164,20 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     >>> params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
     >>> jax.grad(lambda p, x: op(p, x).sum())(params, jnp.ones(3))["bias"]
     Array([1., 1.], dtype=float32)
+    >>> fast = ab.from_torch(net, mode="translate")  # JAX code: no torch at run time
+    >>> jax.jit(jax.grad(lambda p, x: fast(p, x).sum()))(params, jnp.ones(3))["bias"]
+    Array([1., 1.], dtype=float32)
     """
     if isinstance(fn, _api.Op):
         return fn  # already an op, with its own op.torch
     if isinstance(fn, TorchOp):
         return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
+    if mode != "call" or check:  # the program as JAX code: _translate
+        from . import _translate
+        return _translate.from_torch(fn, shape=shape, name=name, vmap=vmap, shard=shard,
+                                     replicated=replicated, examples=examples,
+                                     return_state=return_state, mode=mode, check=check,
+                                     bridges=sys.modules[__name__])
     given = fn
     if isinstance(fn, torch.nn.Module):
         fn = _module_function(fn, return_state, discard_state,

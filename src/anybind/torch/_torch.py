@@ -170,3 +170,25 @@ class _ThenLoader(importlib.abc.Loader):
 
     def __getattr__(self, name: str):  # get_source and the rest: the wrapped loader's
         return getattr(self.inner, name)
+
+
+# ------------------------------------------------ graph capture (mode="translate")
+
+def tree_flatten(tree):
+    """torch's own pytree flattening, the order ``torch.export`` numbers a program's
+    inputs and outputs in (``torch.utils._pytree.tree_flatten``, 2.0)."""
+    from torch.utils import _pytree
+    return _pytree.tree_flatten(tree)
+
+
+def tree_unflatten(leaves, spec):
+    """The inverse of ``tree_flatten`` (``torch.utils._pytree.tree_unflatten``, 2.0)."""
+    from torch.utils import _pytree
+    return _pytree.tree_unflatten(leaves, spec)
+
+
+def aten_packets() -> list[str]:
+    """The names of every registered ``aten::`` op, loaded or not (the coverage page's
+    core set; ``torch._C._dispatch_get_all_op_names``, 2.0)."""
+    return sorted({n.split("::", 1)[1].split(".")[0] for n in _C._dispatch_get_all_op_names()
+                   if n.startswith("aten::")})

@@ -1,0 +1,1058 @@
+"""Core ATen ops as ``jax.numpy``/``lax`` code, with torch's semantics.
+
+One rule per op overload, registered right after it is written, all with one
+signature: ``rule(node, *args, **kwargs)``, where ``args`` and ``kwargs`` are the
+node's own (fx nodes replaced by JAX values; dtypes stay torch dtypes) and
+``node`` is a ``Node`` that tells the output's dtype and shape as torch computed
+them while capturing (``node.dtype``, ``node.shape``), and hands random ops
+their key (``node.key()``).
+
+=========================  ============================================================
+torch semantics            how the rules keep them
+=========================  ============================================================
+dtype promotion            an elementwise op casts its array operands to the output
+                           dtype torch recorded (``int32 + float32`` computes in
+                           float32; Python scalars stay weak, as torch's do); every
+                           result is cast to the recorded dtype
+integer division           ``div`` is true division; ``rounding_mode`` ``"floor"`` and
+                           ``"trunc"`` are ``floor_divide`` and ``lax.div``
+reductions' dtypes         sums of integers and bools are int64; float16/bfloat16 sums,
+                           means, norms and softmaxes accumulate in float32, as torch's
+                           CPU kernels do
+in-place ops, views        ``torch.export`` functionalizes the program: no op writes,
+                           and a view is a value (``view``, ``permute``, ``slice``...)
+matmul precision           ``Precision.HIGHEST``, torch's default for float32
+random draws               from ``node.key()``, a JAX key derived from the op's ``key=``
+=========================  ============================================================
+
+``RULES`` maps each op's name (``"aten::add.Tensor"``) to its rule; ``SUPPORTS``
+holds, for the few rules that cover part of an op, a predicate on the fx node.
+``RANDOM`` names the ops that draw random numbers.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ._run import _TORCH_TO_NP
+
+RULES: dict[str, Callable] = {}
+SUPPORTS: dict[str, Callable] = {}
+RANDOM: set[str] = set()
+HIGHEST = lax.Precision.HIGHEST
+
+
+def rule(*names: str, supports: Callable | None = None, random: bool = False):
+    """Register ``fn`` as the rule of each ``aten::`` op overload in ``names``."""
+    def register(fn):
+        for n in names:
+            full = n if "::" in n else f"aten::{n}"
+            RULES[full] = fn
+            if supports is not None:
+                SUPPORTS[full] = supports
+            if random:
+                RANDOM.add(full)
+        return fn
+    return register
+
+
+def np_dtype(d) -> np.dtype:
+    """A torch dtype as NumPy's (bfloat16 as ml_dtypes'), canonical for JAX's x64 setting."""
+    return jax.dtypes.canonicalize_dtype(_TORCH_TO_NP[d])
+
+
+def _acc(d) -> np.dtype:
+    """The dtype torch's CPU kernels accumulate ``d`` in: float32 for the half types."""
+    d = np.dtype(d)
+    return np.dtype(np.float32) if d.itemsize == 2 and jnp.issubdtype(d, jnp.floating) else d
+
+
+def _is_array(v) -> bool:
+    return isinstance(v, jax.Array | np.ndarray) or hasattr(v, "aval")
+
+
+def _cast(v, d):
+    return v.astype(d) if _is_array(v) and v.dtype != d else v
+
+
+def _dims(dim, ndim: int) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    return tuple(sorted(d % max(ndim, 1) for d in dim))
+
+
+# ------------------------------------------------------------------ elementwise
+
+def _elementwise(fn: Callable, compute: str = "out") -> Callable:
+    """A rule computing ``fn`` on operands cast to the output's dtype (``compute="out"``),
+    or to their promoted dtype under torch's rules (``"promote"``: comparisons)."""
+    def run(node, *args, **kw):
+        if compute == "out":
+            d = _acc(node.dtype)
+        else:
+            d = node.promoted
+        return fn(*(_cast(a, d) for a in args), **kw)
+    return run
+
+
+def _binary(fn):
+    return _elementwise(lambda x, y, alpha=1: fn(x, y if alpha == 1 else y * alpha))
+
+
+for _names, _fn in [
+    (("add.Tensor", "add.Scalar"), operator.add),
+    (("sub.Tensor", "sub.Scalar"), operator.sub),
+    (("mul.Tensor", "mul.Scalar"), operator.mul),
+    (("div.Tensor", "div.Scalar"), operator.truediv),
+    (("maximum.default",), jnp.maximum),
+    (("minimum.default",), jnp.minimum),
+    (("fmod.Tensor", "fmod.Scalar"), jnp.fmod),
+    (("remainder.Tensor", "remainder.Scalar"), jnp.remainder),
+    (("atan2.default",), jnp.arctan2),
+    (("hypot.default",), jnp.hypot),
+    (("copysign.Tensor",), jnp.copysign),
+    (("bitwise_and.Tensor", "bitwise_and.Scalar"), jnp.bitwise_and),
+    (("bitwise_or.Tensor", "bitwise_or.Scalar"), jnp.bitwise_or),
+    (("bitwise_xor.Tensor", "bitwise_xor.Scalar"), jnp.bitwise_xor),
+    (("pow.Tensor_Tensor", "pow.Tensor_Scalar"), jnp.power),
+]:
+    rule(*_names)(_binary(_fn))
+
+
+@rule("rsub.Scalar", "rsub.Tensor")
+def _rsub(node, x, y, alpha=1):
+    d = _acc(node.dtype)
+    return _cast(y, d) - _cast(x, d) * alpha
+
+
+@rule("pow.Scalar")
+def _pow_scalar(node, base, x):
+    return jnp.power(jnp.asarray(base, _acc(node.dtype)), _cast(x, _acc(node.dtype)))
+
+
+@rule("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(node, x, y, rounding_mode=None):
+    d = _acc(node.dtype)
+    x, y = _cast(jnp.asarray(x), d), _cast(jnp.asarray(y), d)
+    if rounding_mode is None:
+        return x / y
+    if rounding_mode == "floor":
+        return jnp.floor_divide(x, y)
+    if jnp.issubdtype(d, jnp.integer):
+        return lax.div(*jnp.broadcast_arrays(x, y))
+    return jnp.trunc(x / y)
+
+
+for _names, _fn in [
+    (("eq.Tensor", "eq.Scalar"), operator.eq), (("ne.Tensor", "ne.Scalar"), operator.ne),
+    (("lt.Tensor", "lt.Scalar"), operator.lt), (("le.Tensor", "le.Scalar"), operator.le),
+    (("gt.Tensor", "gt.Scalar"), operator.gt), (("ge.Tensor", "ge.Scalar"), operator.ge),
+    (("logical_and.default",), jnp.logical_and), (("logical_or.default",), jnp.logical_or),
+    (("logical_xor.default",), jnp.logical_xor),
+]:
+    rule(*_names)(_elementwise(_fn, compute="promote"))
+
+for _name, _fn in [
+    ("abs", jnp.abs), ("neg", jnp.negative), ("exp", jnp.exp), ("exp2", jnp.exp2),
+    ("expm1", jnp.expm1), ("log", jnp.log), ("log1p", jnp.log1p), ("log2", jnp.log2),
+    ("log10", jnp.log10), ("sqrt", jnp.sqrt), ("rsqrt", lax.rsqrt), ("sin", jnp.sin),
+    ("cos", jnp.cos), ("tan", jnp.tan), ("asin", jnp.arcsin), ("acos", jnp.arccos),
+    ("atan", jnp.arctan), ("sinh", jnp.sinh), ("cosh", jnp.cosh), ("tanh", jnp.tanh),
+    ("asinh", jnp.arcsinh), ("acosh", jnp.arccosh), ("atanh", jnp.arctanh),
+    ("erf", jax.scipy.special.erf), ("erfc", jax.scipy.special.erfc),
+    ("erfinv", jax.scipy.special.erfinv), ("floor", jnp.floor), ("ceil", jnp.ceil),
+    ("trunc", jnp.trunc), ("sign", jnp.sign), ("reciprocal", jnp.reciprocal),
+    ("sigmoid", jax.nn.sigmoid), ("relu", jax.nn.relu), ("bitwise_not", jnp.invert),
+    ("lgamma", jax.scipy.special.gammaln), ("digamma", jax.scipy.special.digamma),
+    ("sgn", jnp.sign),
+]:
+    rule(f"{_name}.default")(_elementwise(_fn))
+
+for _name, _fn in [("logical_not", jnp.logical_not), ("isnan", jnp.isnan),
+                   ("isinf", jnp.isinf), ("isfinite", jnp.isfinite)]:
+    rule(f"{_name}.default")(_elementwise(_fn, compute="promote"))
+
+
+@rule("round.default")
+def _round(node, x):
+    return jnp.round(x)  # half to even, as torch.round
+
+
+@rule("round.decimals")
+def _round_decimals(node, x, decimals=0):
+    return jnp.round(x, decimals)
+
+
+@rule("gelu.default")
+def _gelu(node, x, approximate="none"):
+    x = _cast(x, _acc(node.dtype))
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+@rule("silu.default")
+def _silu(node, x):
+    return jax.nn.silu(_cast(x, _acc(node.dtype)))
+
+
+@rule("hardtanh.default")
+def _hardtanh(node, x, min_val=-1.0, max_val=1.0):
+    return jnp.clip(x, min_val, max_val)
+
+
+@rule("leaky_relu.default")
+def _leaky_relu(node, x, negative_slope=0.01):
+    return jnp.where(x > 0, x, x * negative_slope)
+
+
+@rule("elu.default")
+def _elu(node, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    x = _cast(x, _acc(node.dtype))
+    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
+
+
+@rule("softplus.default")
+def _softplus(node, x, beta=1.0, threshold=20.0):
+    x = _cast(x, _acc(node.dtype))
+    bx = x * beta
+    return jnp.where(bx > threshold, x, jnp.logaddexp(bx, 0.0) / beta)
+
+
+@rule("clamp.default", "clamp.Tensor")
+def _clamp(node, x, min=None, max=None):  # noqa: A002  (torch's names)
+    d = _acc(node.dtype)
+    x = _cast(x, d)
+    if min is not None:
+        x = jnp.maximum(x, _cast(min, d))
+    if max is not None:
+        x = jnp.minimum(x, _cast(max, d))
+    return x
+
+
+@rule("where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar")
+def _where(node, cond, x, y):
+    d = node.dtype
+    return jnp.where(cond, _cast(x, d), _cast(y, d))
+
+
+@rule("lerp.Scalar", "lerp.Tensor")
+def _lerp(node, x, end, weight):
+    d = _acc(node.dtype)
+    x, end = _cast(x, d), _cast(end, d)
+    return x + _cast(weight, d) * (end - x)
+
+
+@rule("_to_copy.default")
+def _to_copy(node, x, **kw):
+    return _cast(x, node.dtype)
+
+
+@rule("clone.default", "alias.default", "lift_fresh_copy.default", "detach.default",
+      "contiguous.default")
+def _identity(node, x, **kw):
+    return x
+
+
+@rule("copy.default")
+def _copy(node, x, src, non_blocking=False):
+    return jnp.broadcast_to(_cast(src, node.dtype), node.shape)
+
+
+# ------------------------------------------------------------------- creation
+
+@rule("full.default")
+def _full(node, size, fill_value, **kw):
+    return jnp.full(node.shape, fill_value, node.dtype)
+
+
+@rule("full_like.default")
+def _full_like(node, x, fill_value, **kw):
+    return jnp.full(node.shape, fill_value, node.dtype)
+
+
+@rule("zeros.default", "zeros_like.default", "empty.memory_format", "empty_like.default",
+      "empty_strided.default", "new_zeros.default", "new_empty.default",
+      "new_empty_strided.default")
+def _zeros(node, *args, **kw):
+    return jnp.zeros(node.shape, node.dtype)  # empty memory: zeros, a value like any
+
+
+@rule("ones.default", "ones_like.default", "new_ones.default")
+def _ones(node, *args, **kw):
+    return jnp.ones(node.shape, node.dtype)
+
+
+@rule("new_full.default")
+def _new_full(node, x, size, fill_value, **kw):
+    return jnp.full(node.shape, fill_value, node.dtype)
+
+
+@rule("scalar_tensor.default")
+def _scalar_tensor(node, s, **kw):
+    return jnp.asarray(s, node.dtype)
+
+
+@rule("arange.default", "arange.start", "arange.start_step")
+def _arange(node, *args, **kw):
+    start, end, step = {1: (0, args[0] if args else 0, 1), 2: (*args, 1),
+                        3: args}[max(len(args), 1)]
+    if node.shape[0] == 0:
+        return jnp.zeros((0,), node.dtype)
+    return (start + step * jnp.arange(node.shape[0], dtype=_acc(node.dtype))).astype(node.dtype)
+
+
+@rule("eye.default", "eye.m")
+def _eye(node, n, m=None, **kw):
+    return jnp.eye(*node.shape, dtype=node.dtype)
+
+
+# ------------------------------------------------------------------ random draws
+
+@rule("rand.default", "rand_like.default", random=True)
+def _rand(node, *args, **kw):
+    return jax.random.uniform(node.key(), node.shape, _acc(node.dtype))
+
+
+@rule("randn.default", "randn_like.default", random=True)
+def _randn(node, *args, **kw):
+    return jax.random.normal(node.key(), node.shape, _acc(node.dtype))
+
+
+@rule("bernoulli.default", random=True)
+def _bernoulli(node, p, **kw):
+    return jax.random.uniform(node.key(), node.shape, _acc(p.dtype)) < p
+
+
+@rule("bernoulli.p", random=True)
+def _bernoulli_p(node, x, p=0.5, **kw):
+    return jax.random.bernoulli(node.key(), p, node.shape)
+
+
+@rule("native_dropout.default", random=True)
+def _native_dropout(node, x, p, train):
+    if not train or p == 0:
+        return x, jnp.ones(x.shape, bool)
+    keep = jax.random.bernoulli(node.key(), 1.0 - p, x.shape)
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
+
+
+@rule("randint.default", "randint.low", random=True)
+def _randint(node, *args, **kw):
+    low, high = (0, args[0]) if len(args) == 2 else args[:2]
+    return jax.random.randint(node.key(), node.shape, low, high, node.dtype)
+
+
+# ----------------------------------------------------------------------- views
+
+@rule("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default")
+def _view(node, x, size):
+    return jnp.reshape(x, node.shape)
+
+
+@rule("permute.default")
+def _permute(node, x, dims):
+    return jnp.transpose(x, [d % x.ndim for d in dims]) if x.ndim else x
+
+
+@rule("t.default")
+def _t(node, x):
+    return x.T
+
+
+@rule("transpose.int")
+def _transpose(node, x, a, b):
+    return jnp.swapaxes(x, a, b) if x.ndim else x
+
+
+@rule("expand.default", "expand_copy.default")
+def _expand(node, x, size, implicit=False):
+    return jnp.broadcast_to(x, node.shape)
+
+
+@rule("unsqueeze.default")
+def _unsqueeze(node, x, dim):
+    return jnp.reshape(x, node.shape)
+
+
+@rule("squeeze.dims", "squeeze.dim", "squeeze.default")
+def _squeeze(node, x, *dims):
+    return jnp.reshape(x, node.shape)
+
+
+@rule("slice.Tensor")
+def _slice(node, x, dim=0, start=None, end=None, step=1):
+    dim = dim % x.ndim
+    start, end, step = slice(start, end, step).indices(x.shape[dim])
+    if end <= start:
+        return jnp.zeros(node.shape, x.dtype)
+    return lax.slice_in_dim(x, start, end, step, axis=dim)
+
+
+@rule("select.int")
+def _select(node, x, dim, index):
+    dim = dim % x.ndim
+    return lax.index_in_dim(x, index % x.shape[dim], dim, keepdims=False)
+
+
+@rule("split_with_sizes.default", "split.Tensor", "unsafe_split.Tensor",
+      "split_with_sizes_copy.default", "split_copy.Tensor")
+def _split(node, x, sizes, dim=0):
+    dim = dim % x.ndim
+    ends = np.cumsum([s[dim] for s in node.shape])[:-1]
+    return tuple(jnp.split(x, [int(e) for e in ends], axis=dim))
+
+
+@rule("unbind.int")
+def _unbind(node, x, dim=0):
+    dim = dim % x.ndim
+    return tuple(lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim]))
+
+
+@rule("cat.default")
+def _cat(node, xs, dim=0):
+    d = node.dtype
+    xs = [_cast(x, d) for x in xs if not (x.ndim == 1 and x.shape[0] == 0)]  # torch's legacy
+    return jnp.concatenate(xs, axis=dim % len(node.shape)) if xs else jnp.zeros(node.shape, d)
+
+
+@rule("stack.default")
+def _stack(node, xs, dim=0):
+    return jnp.stack([_cast(x, node.dtype) for x in xs], axis=dim % len(node.shape))
+
+
+@rule("flip.default")
+def _flip(node, x, dims):
+    return jnp.flip(x, [d % x.ndim for d in dims]) if x.ndim else x
+
+
+@rule("roll.default")
+def _roll(node, x, shifts, dims=()):
+    if not dims:
+        return jnp.roll(x.reshape(-1), shifts[0]).reshape(x.shape)
+    return jnp.roll(x, tuple(shifts), tuple(dims))
+
+
+@rule("constant_pad_nd.default")
+def _pad(node, x, pad, value=0):
+    cfg = [(0, 0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        cfg[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1], 0)
+    return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+
+
+@rule("tril.default")
+def _tril(node, x, diagonal=0):
+    return jnp.tril(x, diagonal)
+
+
+@rule("triu.default")
+def _triu(node, x, diagonal=0):
+    return jnp.triu(x, diagonal)
+
+
+def _contiguous_base(node) -> bool:
+    base = node.node.args[0].meta.get("val")
+    return isinstance(base, torch.Tensor) and base.is_contiguous() and base.storage_offset() == 0
+
+
+@rule("as_strided.default", "as_strided_copy.default", supports=_contiguous_base)
+def _as_strided(node, x, size, stride, storage_offset=None):
+    idx = (storage_offset or 0) + sum(
+        np.arange(n).reshape([-1 if i == j else 1 for j in range(len(size))]) * s
+        for i, (n, s) in enumerate(zip(size, stride)))
+    return jnp.reshape(x, -1)[np.asarray(idx, np.int64).reshape(tuple(size))]
+
+
+@rule("slice_scatter.default")
+def _slice_scatter(node, x, src, dim=0, start=None, end=None, step=1):
+    dim = dim % x.ndim
+    start, end, step = slice(start, end, step).indices(x.shape[dim])
+    idx = [slice(None)] * x.ndim
+    idx[dim] = slice(start, end, step)
+    return x.at[tuple(idx)].set(_cast(src, x.dtype))
+
+
+@rule("select_scatter.default")
+def _select_scatter(node, x, src, dim, index):
+    idx = [slice(None)] * x.ndim
+    idx[dim % x.ndim] = index
+    return x.at[tuple(idx)].set(_cast(src, x.dtype))
+
+
+@rule("view_as_real.default")
+def _view_as_real(node, x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@rule("view_as_complex.default")
+def _view_as_complex(node, x):
+    return lax.complex(x[..., 0], x[..., 1])
+
+
+@rule("_assert_tensor_metadata.default", "_assert_scalar.default",
+      "sym_constrain_range_for_size.default")
+def _assert(node, *args, **kw):
+    return None  # checks torch made while capturing, on shapes and dtypes that are fixed
+
+
+@rule("diagonal.default")
+def _diagonal(node, x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, dim1 % x.ndim, dim2 % x.ndim)
+
+
+@rule("fill.Scalar", "fill.Tensor")
+def _fill(node, x, value):
+    return jnp.broadcast_to(_cast(jnp.asarray(value), node.dtype), node.shape)
+
+
+@rule("repeat.default")
+def _repeat(node, x, repeats):
+    x = x.reshape((1,) * (len(repeats) - x.ndim) + x.shape)
+    return jnp.tile(x, tuple(repeats))
+
+
+def _pad_mode(mode):
+    def run(node, x, padding):
+        n = len(padding) // 2
+        cfg = [(0, 0)] * (x.ndim - n) + [(padding[2 * (n - 1 - i)], padding[2 * (n - 1 - i) + 1])
+                                         for i in range(n)]
+        return jnp.pad(x, cfg, mode=mode)
+    return run
+
+
+rule("reflection_pad1d.default", "reflection_pad2d.default",
+     "reflection_pad3d.default")(_pad_mode("reflect"))
+rule("replication_pad1d.default", "replication_pad2d.default",
+     "replication_pad3d.default")(_pad_mode("edge"))
+
+
+@rule("sym_size.int")
+def _sym_size(node, x, dim):
+    return x.shape[dim]
+
+
+@rule("sym_numel.default")
+def _sym_numel(node, x):
+    return x.size
+
+
+def _nearest_index(n_in, n_out, scale):
+    s = n_in / n_out if scale is None else 1.0 / scale
+    return np.minimum(np.floor(np.arange(n_out) * s).astype(np.int64), n_in - 1)
+
+
+@rule("upsample_nearest2d.vec", "upsample_nearest1d.vec", "upsample_nearest3d.vec")
+def _upsample_nearest(node, x, output_size, scale_factors):
+    nsp = len(node.shape) - 2
+    for i in range(nsp):
+        ax = 2 + i
+        sc = None if output_size is not None or scale_factors is None else scale_factors[i]
+        x = jnp.take(x, _nearest_index(x.shape[ax], node.shape[ax], sc), axis=ax)
+    return x
+
+
+@rule("upsample_bilinear2d.vec", "upsample_linear1d.vec")
+def _upsample_linear(node, x, output_size, align_corners, scale_factors):
+    d = _acc(node.dtype)
+    x = _cast(x, d)
+    nsp = len(node.shape) - 2
+    for i in range(nsp):
+        ax, n_in, n_out = 2 + i, x.shape[2 + i], node.shape[2 + i]
+        if align_corners:
+            src = np.arange(n_out) * ((n_in - 1) / (n_out - 1) if n_out > 1 else 0.0)
+        else:
+            sc = (n_in / n_out if output_size is not None or scale_factors is None
+                  else 1.0 / scale_factors[i])
+            src = np.maximum((np.arange(n_out) + 0.5) * sc - 0.5, 0.0)
+        lo = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+        hi = np.minimum(lo + 1, n_in - 1)
+        w = (src - lo).astype(d).reshape((-1,) + (1,) * (x.ndim - ax - 1))
+        x = jnp.take(x, lo, axis=ax) * (1 - w) + jnp.take(x, hi, axis=ax) * w
+    return x
+
+
+@rule("_cdist_forward.default")
+def _cdist(node, a, b, p, compute_mode=None):
+    diff = jnp.abs(a[..., :, None, :] - b[..., None, :, :])
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, -1))
+    if p == float("inf"):
+        return jnp.max(diff, -1)
+    if p == 0:
+        return jnp.sum(diff != 0, -1).astype(a.dtype)
+    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+
+
+@rule("_pdist_forward.default")
+def _pdist(node, a, p=2.0):
+    i, j = np.triu_indices(a.shape[0], 1)
+    diff = jnp.abs(a[i] - a[j])
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, -1))
+    if p == float("inf"):
+        return jnp.max(diff, -1)
+    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+
+
+@rule("masked_scatter.default")
+def _masked_scatter(node, x, mask, src):
+    mask = jnp.broadcast_to(mask, node.shape).reshape(-1)
+    pos = jnp.clip(jnp.cumsum(mask) - 1, 0, max(src.size - 1, 0))
+    return jnp.where(mask, src.reshape(-1)[pos].astype(x.dtype),
+                     jnp.broadcast_to(x, node.shape).reshape(-1)).reshape(node.shape)
+
+
+@rule("randperm.default", random=True)
+def _randperm(node, n, **kw):
+    return jax.random.permutation(node.key(), n).astype(node.dtype)
+
+
+# -------------------------------------------------------------------- indexing
+
+@rule("index.Tensor")
+def _index(node, x, indices):
+    return x[tuple(slice(None) if i is None else i for i in indices)]
+
+
+@rule("index_put.default")
+def _index_put(node, x, indices, values, accumulate=False):
+    at = x.at[tuple(slice(None) if i is None else i for i in indices)]
+    values = _cast(values, x.dtype)
+    return at.add(values) if accumulate else at.set(values)
+
+
+@rule("index_select.default")
+def _index_select(node, x, dim, index):
+    return jnp.take(x, index, axis=dim % max(x.ndim, 1)) if x.ndim else x
+
+
+def _along(x, dim, index):
+    """``x`` cut to ``index``'s extent in every axis but ``dim`` (torch allows a smaller index)."""
+    return x[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(index.shape))]
+
+
+def _axis_ix(index, dim):
+    """Open-mesh indices with ``index`` along ``dim``: ``x[...]`` of them is torch.gather."""
+    grids = list(jnp.ix_(*[jnp.arange(n) for n in index.shape])) if index.ndim else []
+    grids[dim] = index
+    return tuple(grids)
+
+
+@rule("gather.default")
+def _gather(node, x, dim, index, sparse_grad=False):
+    if x.ndim == 0:
+        return x
+    dim = dim % x.ndim
+    return _along(x, dim, index)[_axis_ix(index, dim)] if index.size else jnp.zeros(
+        node.shape, x.dtype)
+
+
+@rule("scatter.src", "scatter.value")
+def _scatter(node, x, dim, index, src):
+    dim = dim % max(x.ndim, 1)
+    src = jnp.asarray(src, x.dtype)
+    if src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    return x.at[_axis_ix(index, dim)].set(jnp.broadcast_to(src, index.shape))
+
+
+@rule("scatter_add.default")
+def _scatter_add(node, x, dim, index, src):
+    dim = dim % max(x.ndim, 1)
+    src = src[tuple(slice(0, n) for n in index.shape)]
+    return x.at[_axis_ix(index, dim)].add(_cast(src, x.dtype))
+
+
+_SCATTER_REDUCE = {"sum": "add", "prod": "multiply", "amax": "max", "amin": "min",
+                   "mean": "add"}
+
+
+@rule("scatter_reduce.two")
+def _scatter_reduce(node, x, dim, index, src, reduce, *, include_self=True):
+    dim = dim % max(x.ndim, 1)
+    d = _acc(node.dtype)
+    src = _cast(src[tuple(slice(0, n) for n in index.shape)], d)
+    at = _axis_ix(index, dim)
+    x = _cast(x, d)
+    if not include_self:  # the reduction's identity where src lands
+        ident = {"sum": 0, "mean": 0, "prod": 1,
+                 "amax": -jnp.inf if jnp.issubdtype(d, jnp.floating) else jnp.iinfo(d).min,
+                 "amin": jnp.inf if jnp.issubdtype(d, jnp.floating) else jnp.iinfo(d).max}
+        base = x.at[at].set(ident[reduce])
+    else:
+        base = x
+    out = getattr(base.at[at], _SCATTER_REDUCE[reduce])(src)
+    if reduce == "mean":
+        count = jnp.zeros(x.shape, d).at[at].add(1) + (1 if include_self else 0)
+        out = jnp.where(count > 0, out / jnp.maximum(count, 1), x)
+        if jnp.issubdtype(node.dtype, jnp.integer):
+            out = jnp.floor(out)
+    return out
+
+
+@rule("embedding.default")
+def _embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return jnp.take(weight, indices, axis=0)
+
+
+# ------------------------------------------------------------------ reductions
+
+def _reduction(fn, dtype_arg=True):
+    def run(node, x, dim=None, keepdim=False, *, dtype=None):
+        d = node.dtype
+        acc = _acc(d) if jnp.issubdtype(d, jnp.floating) else d
+        axes = _dims(dim, x.ndim)
+        if x.ndim == 0:
+            return fn(_cast(x, acc), axis=None)
+        return fn(_cast(x, acc), axis=axes, keepdims=keepdim)
+    return run
+
+
+rule("sum.dim_IntList", "sum.default")(_reduction(jnp.sum))
+rule("mean.dim", "mean.default")(_reduction(jnp.mean))
+rule("prod.dim_int", "prod.default")(_reduction(jnp.prod))
+rule("amax.default")(_reduction(jnp.max))
+rule("amin.default")(_reduction(jnp.min))
+rule("any.dim", "any.dims", "any.default")(_reduction(jnp.any))
+rule("all.dim", "all.dims", "all.default")(_reduction(jnp.all))
+
+
+@rule("max.dim", "min.dim")
+def _max_dim(node, x, dim, keepdim=False):
+    fn, arg = ((jnp.max, jnp.argmax) if node.node.target.__name__.startswith("max")
+               else (jnp.min, jnp.argmin))
+    if x.ndim == 0:
+        return x, jnp.zeros((), node.dtypes[1])
+    dim = dim % x.ndim
+    return fn(x, axis=dim, keepdims=keepdim), arg(x, axis=dim, keepdims=keepdim)
+
+
+@rule("max.default")
+def _max(node, x):
+    return jnp.max(x)
+
+
+@rule("min.default")
+def _min(node, x):
+    return jnp.min(x)
+
+
+@rule("argmax.default", "argmin.default")
+def _argmax(node, x, dim=None, keepdim=False):
+    fn = jnp.argmax if "argmax" in node.node.target.__name__ else jnp.argmin
+    if dim is None:
+        out = fn(x.reshape(-1))
+        return out.reshape((1,) * x.ndim) if keepdim else out
+    return fn(x, axis=dim % max(x.ndim, 1), keepdims=keepdim) if x.ndim else jnp.zeros((), int)
+
+
+@rule("var.correction", "var.dim")
+def _var(node, x, dim=None, *, correction=None, keepdim=False, unbiased=None):
+    acc = _acc(node.dtype)
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    return jnp.var(_cast(x, acc), axis=_dims(dim, x.ndim), keepdims=keepdim,
+                   ddof=1 if correction is None else correction)
+
+
+@rule("std.correction")
+def _std(node, x, dim=None, *, correction=None, keepdim=False):
+    acc = _acc(node.dtype)
+    return jnp.std(_cast(x, acc), axis=_dims(dim, x.ndim), keepdims=keepdim,
+                   ddof=1 if correction is None else correction)
+
+
+@rule("cumsum.default")
+def _cumsum(node, x, dim, *, dtype=None):
+    return jnp.cumsum(_cast(x, _acc(node.dtype)), axis=dim % max(x.ndim, 1)) if x.ndim else x
+
+
+@rule("cumprod.default")
+def _cumprod(node, x, dim, *, dtype=None):
+    return jnp.cumprod(_cast(x, _acc(node.dtype)), axis=dim % max(x.ndim, 1)) if x.ndim else x
+
+
+@rule("logsumexp.default")
+def _logsumexp(node, x, dim, keepdim=False):
+    return jax.nn.logsumexp(_cast(x, _acc(node.dtype)), axis=_dims(dim, x.ndim),
+                            keepdims=keepdim)
+
+
+@rule("_softmax.default")
+def _softmax(node, x, dim, half_to_float=False):
+    return jax.nn.softmax(_cast(x, _acc(x.dtype)), axis=dim % max(x.ndim, 1))
+
+
+@rule("_log_softmax.default")
+def _log_softmax(node, x, dim, half_to_float=False):
+    return jax.nn.log_softmax(_cast(x, _acc(x.dtype)), axis=dim % max(x.ndim, 1))
+
+
+@rule("sort.default", "sort.stable")
+def _sort(node, x, dim=-1, descending=False, *, stable=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), node.dtypes[1])
+    dim = dim % x.ndim
+    key = -x if descending else x
+    idx = jnp.argsort(key, axis=dim, stable=True)
+    return jnp.take_along_axis(x, idx, axis=dim), idx
+
+
+@rule("topk.default")
+def _topk(node, x, k, dim=-1, largest=True, sorted=True):  # noqa: A002  (torch's name)
+    dim = dim % x.ndim
+    moved = jnp.moveaxis(x if largest else -x, dim, -1)
+    vals, idx = lax.top_k(moved, k)
+    vals = vals if largest else -vals
+    return jnp.moveaxis(vals, -1, dim), jnp.moveaxis(idx, -1, dim)
+
+
+# -------------------------------------------------------------- linear algebra
+
+def _mm(a, b):
+    return jnp.matmul(a, b, precision=HIGHEST)
+
+
+@rule("mm.default", "bmm.default")
+def _mm_rule(node, a, b):
+    d = _acc(node.dtype)
+    return _mm(_cast(a, d), _cast(b, d))
+
+
+@rule("addmm.default", "baddbmm.default")
+def _addmm(node, bias, a, b, *, beta=1, alpha=1):
+    d = _acc(node.dtype)
+    prod = _mm(_cast(a, d), _cast(b, d))
+    prod = prod if alpha == 1 else prod * alpha
+    if beta == 0:
+        return prod
+    return prod + (_cast(bias, d) if beta == 1 else _cast(bias, d) * beta)
+
+
+@rule("dot.default")
+def _dot(node, a, b):
+    return jnp.dot(a, b, precision=HIGHEST)
+
+
+@rule("convolution.default",
+      supports=lambda n: not n.args[6] or n.args[8] == 1)  # transposed: one group
+def _convolution(node, x, w, bias, stride, padding, dilation, transposed, output_padding,
+                 groups):
+    nsp = x.ndim - 2
+    stride, padding, dilation, output_padding = (
+        list(v) * (nsp // len(v)) if len(v) else [0] * nsp
+        for v in (stride, padding, dilation, output_padding))
+    d = _acc(node.dtype)
+    x, w = _cast(x, d), _cast(w, d)
+    spatial = "DHW"[-nsp:] if nsp <= 3 else None
+    dn = lax.conv_dimension_numbers(x.shape, w.shape,
+                                    ("NC" + spatial, "OI" + spatial, "NC" + spatial))
+    if not transposed:
+        y = lax.conv_general_dilated(x, w, window_strides=tuple(stride),
+                                     padding=[(p, p) for p in padding],
+                                     rhs_dilation=tuple(dilation), dimension_numbers=dn,
+                                     feature_group_count=groups, precision=HIGHEST)
+    else:  # the gradient of a convolution: dilate the input, flip the kernel
+        k = [w.shape[2 + i] for i in range(nsp)]
+        pads = [(dilation[i] * (k[i] - 1) - padding[i],
+                 dilation[i] * (k[i] - 1) - padding[i] + output_padding[i]) for i in range(nsp)]
+        wt = jnp.flip(jnp.swapaxes(w, 0, 1), tuple(range(2, 2 + nsp)))
+        y = lax.conv_general_dilated(x, wt, window_strides=(1,) * nsp, padding=pads,
+                                     lhs_dilation=tuple(stride), rhs_dilation=tuple(dilation),
+                                     dimension_numbers=dn, precision=HIGHEST)
+    if bias is not None:
+        y = y + _cast(bias, d).reshape((-1,) + (1,) * nsp)
+    return y
+
+
+# ----------------------------------------------------------------- pooling
+
+def _window_pads(size, k, s, p, dil, ceil_mode):
+    """(low, high) padding of one axis so that reduce_window gives torch's output length."""
+    eff = dil * (k - 1) + 1
+    out = (size + 2 * p - eff + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside
+        out -= 1
+    return out, (p, max((out - 1) * s + eff - size - p, 0))
+
+
+def _pool_args(x, kernel, stride, padding, dilation, ceil_mode, nsp):
+    kernel = list(kernel) * (nsp // len(kernel))
+    stride = list(stride or kernel) * (nsp // len(stride or kernel))
+    padding = list(padding) * (nsp // len(padding))
+    dilation = list(dilation) * (nsp // len(dilation))
+    pads, outs = [], []
+    for i in range(nsp):
+        o, pd = _window_pads(x.shape[x.ndim - nsp + i], kernel[i], stride[i], padding[i],
+                             dilation[i], ceil_mode)
+        outs.append(o)
+        pads.append(pd)
+    lead = x.ndim - nsp
+    return ((1,) * lead + tuple(kernel), (1,) * lead + tuple(stride),
+            [(0, 0)] * lead + pads, (1,) * lead + tuple(dilation))
+
+
+def _no_indices_used(n) -> bool:
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in n.users)
+
+
+@rule("max_pool2d_with_indices.default", "max_pool3d_with_indices.default",
+      "max_pool1d_with_indices.default", supports=_no_indices_used)
+def _max_pool(node, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
+    nsp = int(node.node.target.__name__.split("max_pool")[1][0])
+    win, strides, pads, dil = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode,
+                                         nsp)
+    init = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else np.iinfo(x.dtype).min
+    y = lax.reduce_window(x, np.array(init, x.dtype), lax.max, win, strides, pads,
+                          window_dilation=dil)
+    return y, None  # the indices: no node reads them (SUPPORTS)
+
+
+@rule("avg_pool2d.default", "avg_pool3d.default", "avg_pool1d.default")
+def _avg_pool(node, x, kernel_size, stride=(), padding=(0,), ceil_mode=False,
+              count_include_pad=True, divisor_override=None):
+    nsp = int(node.node.target.__name__.split("avg_pool")[1][0])
+    d = _acc(node.dtype)
+    x = _cast(x, d)
+    win, strides, pads, _ = _pool_args(x, kernel_size, stride, padding, (1,), ceil_mode, nsp)
+    total = lax.reduce_window(x, np.array(0, d), lax.add, win, strides, pads)
+    if divisor_override:
+        return total / divisor_override
+    # torch divides by the window clipped to the padded input (count_include_pad) or the input
+    ones = jnp.ones(x.shape[x.ndim - nsp:], d)
+    lead = x.ndim - nsp
+    sp = pads[lead:]
+    if count_include_pad:  # the padding counts, the overhang of ceil_mode does not
+        padded = lax.pad(ones, jnp.asarray(1, d), [(lo, lo, 0) for lo, _ in sp])
+        cnt = lax.reduce_window(padded, np.array(0, d), lax.add, win[lead:], strides[lead:],
+                                [(0, hi - lo) for lo, hi in sp])
+    else:
+        cnt = lax.reduce_window(ones, np.array(0, d), lax.add, win[lead:], strides[lead:], sp)
+    return total / cnt
+
+
+@rule("_adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",
+      "adaptive_avg_pool1d.default")
+def _adaptive_avg_pool(node, x, output_size):
+    d = _acc(node.dtype)
+    x = _cast(x, d)
+    nsp = len(output_size)
+    for i, o in enumerate(output_size):
+        ax = x.ndim - nsp + i
+        n = x.shape[ax]
+        bins = [lax.slice_in_dim(x, (j * n) // o, -((-(j + 1) * n) // o), axis=ax).mean(
+            axis=ax, keepdims=True) for j in range(o)]
+        x = jnp.concatenate(bins, axis=ax)
+    return x
+
+
+# ------------------------------------------------------------- normalization
+
+@rule("native_layer_norm.default")
+def _layer_norm(node, x, normalized_shape, weight, bias, eps):
+    d = _acc(x.dtype)
+    xf = _cast(x, d)
+    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=axes, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    y = (xf - mean) * rstd
+    if weight is not None:
+        y = y * _cast(weight, d)
+    if bias is not None:
+        y = y + _cast(bias, d)
+    return y, mean, rstd
+
+
+def _bn_shape(x):
+    return (1, -1) + (1,) * (x.ndim - 2)
+
+
+def _bn_apply(x, mean, rstd, weight, bias, d):
+    y = (_cast(x, d) - mean.reshape(_bn_shape(x))) * rstd.reshape(_bn_shape(x))
+    if weight is not None:
+        y = y * _cast(weight, d).reshape(_bn_shape(x))
+    if bias is not None:
+        y = y + _cast(bias, d).reshape(_bn_shape(x))
+    return y
+
+
+def _bn_stats(x, d, eps):
+    axes = (0,) + tuple(range(2, x.ndim))
+    xf = _cast(x, d)
+    mean = jnp.mean(xf, axis=axes)
+    var = jnp.mean(jnp.square(xf - mean.reshape(_bn_shape(x))), axis=axes)
+    return mean, var, lax.rsqrt(var + eps), math.prod(x.shape) // x.shape[1]
+
+
+@rule("_native_batch_norm_legit_no_training.default")
+def _bn_eval(node, x, weight, bias, running_mean, running_var, momentum, eps):
+    d = _acc(x.dtype)
+    rstd = lax.rsqrt(_cast(running_var, d) + eps)
+    y = _bn_apply(x, _cast(running_mean, d), rstd, weight, bias, d)
+    return y, jnp.zeros((0,), d), jnp.zeros((0,), d)
+
+
+@rule("_native_batch_norm_legit_functional.default")
+def _bn_train(node, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    d = _acc(x.dtype)
+    if not training:
+        rstd = lax.rsqrt(_cast(running_var, d) + eps)
+        y = _bn_apply(x, _cast(running_mean, d), rstd, weight, bias, d)
+        return y, jnp.zeros((0,), d), jnp.zeros((0,), d), running_mean, running_var
+    mean, var, rstd, n = _bn_stats(x, d, eps)
+    y = _bn_apply(x, mean, rstd, weight, bias, d)
+    stats = lax.stop_gradient
+    new_mean = (1 - momentum) * running_mean + momentum * stats(mean).astype(running_mean.dtype)
+    unbiased = stats(var) * (n / max(n - 1, 1))
+    new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
+    return y, mean, rstd, new_mean, new_var
+
+
+@rule("_native_batch_norm_legit.no_stats")
+def _bn_no_stats(node, x, weight, bias, training, momentum, eps):
+    d = _acc(x.dtype)
+    mean, _, rstd, _ = _bn_stats(x, d, eps)
+    return _bn_apply(x, mean, rstd, weight, bias, d), mean, rstd
+
+
+@rule("native_group_norm.default")
+def _group_norm(node, x, weight, bias, n, c, hw, group, eps):
+    d = _acc(x.dtype)
+    xg = _cast(x, d).reshape(n, group, -1)
+    mean = jnp.mean(xg, axis=2, keepdims=True)
+    var = jnp.mean(jnp.square(xg - mean), axis=2, keepdims=True)
+    rstd = lax.rsqrt(var + eps)
+    y = ((xg - mean) * rstd).reshape(x.shape)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        y = y * _cast(weight, d).reshape(shape)
+    if bias is not None:
+        y = y + _cast(bias, d).reshape(shape)
+    return y, mean.reshape(n, group), rstd.reshape(n, group)
+
+
+# ---------------------------------------------------------- python operators
+
+@rule("_operator::getitem")
+def _getitem(node, seq, i):
+    return seq[i]
+
+
+def name_of(target) -> str:
+    """The table's name of an fx node's target: ``"aten::add.Tensor"``, or the callable's."""
+    if type(target).__name__ == "OpOverload":  # torch.ops.aten.add.Tensor: "aten.add.Tensor"
+        ns, _, rest = str(target).partition(".")
+        return f"{ns}::{rest}"
+    if target is operator.getitem:
+        return "_operator::getitem"
+    return getattr(target, "__qualname__", None) or repr(target)

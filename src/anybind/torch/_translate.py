@@ -1,0 +1,628 @@
+"""``ab.from_torch(..., mode="translate" | "auto")``: torch programs as JAX code.
+
+=================  ==========================================================================
+piece              what it does
+=================  ==========================================================================
+``Translated``     the op's traced function: per call signature (the tree and avals of the
+                   inputs, the static keywords), one ``Program``; calls it on JAX values
+``Program``        one capture: ``torch.export.export`` on zeros shaped like the call,
+                   ``run_decompositions()`` to the core ATen op set, and what each
+                   placeholder and output of the graph is (a parameter, a buffer, an
+                   input, a constant; an output, a buffer's new value)
+``lower``          the graph as JAX: each node by its rule in ``_aten.RULES``; in
+                   ``"auto"``, a node without one runs as a torch call (an op of
+                   ``mode="call"`` made for that node)
+``verify``         ``check=True``: a new program is compared with torch once, on sampled
+                   inputs (values and, for floating inputs, a vjp)
+=================  ==========================================================================
+
+The op is ``ab.bind(Translated(...), traced=True)``: jit, every order of grad,
+jvp, vmap, ``jax.export`` (of a program with no torch call) and sharding are
+JAX's own. Capturing never runs the module's code on data and never changes
+it: ``torch.export`` traces with fake tensors.
+
+Random draws. A translated random op (``dropout``, ``rand``, ``randn``,
+``bernoulli``, ``randint``) draws from the op's ``key=`` keyword operand (a
+``jax.random.key`` or a raw ``PRNGKey``), node ``i`` of the graph from
+``jax.random.fold_in(key, i)``. Without ``key=``, ``"translate"`` raises,
+naming the random ops, and ``"auto"`` runs each as a torch call, drawing from
+torch's generator as ``mode="call"`` does (its derivatives replay its draws).
+"""
+from __future__ import annotations
+
+import functools
+import re
+import threading
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import tree_util
+
+from .. import _api
+from ..core._op import core_of
+from . import _aten, _torch
+from ._run import _NP_TO_TORCH, _TORCH_TO_NP
+
+MODES = ("auto", "translate", "call")
+_BRIDGES = None  # the module _bridges, which imports this one (from_torch hands it down)
+
+
+class Untranslatable(TypeError):
+    """``mode="translate"`` met torch ops (or a program) that have no JAX translation."""
+
+
+# ----------------------------------------------------------------- the op
+
+def from_torch(fn, *, mode: str, check: bool, bridges, **opts) -> _api.Op:
+    """``ab.from_torch(fn, mode=mode)`` for ``"translate"`` and ``"auto"``: an op whose
+    traced function is ``Translated``; ``op.torch`` is the torch code itself, as for
+    ``mode="call"``, which ``"auto"`` falls back to where nothing can be captured.
+    ``bridges``: the module ``_bridges`` (``mode="call"``'s ops), handed down by it."""
+    global _BRIDGES
+    _BRIDGES = _bridges = bridges
+    if mode not in MODES:
+        raise ValueError(f"ab.from_torch: mode must be one of {MODES}, got {mode!r}")
+    if mode == "call":
+        raise ValueError("ab.from_torch: check=True compares a translated program with torch "
+                         "(mode='translate' or 'auto'); mode='call' runs torch itself")
+    module = isinstance(fn, torch.nn.Module)
+    if opts["return_state"] and not module:
+        raise TypeError(f"ab.from_torch: return_state=True is for an nn.Module (its buffers "
+                        f"after the call), got {type(fn).__name__}")
+    if not callable(fn):
+        raise TypeError(f"ab.from_torch expects a function of torch tensors or an "
+                        f"nn.Module, got {type(fn).__name__}")
+    name = opts["name"] or (type(fn).__name__ if module else None) or getattr(
+        fn, "__name__", None) or "torch_fn"
+    name = re.sub(r"\W", "_", name)
+    call = functools.partial(_bridges.from_torch, fn, **{**opts, "name": name})
+    t = Translated(fn, name, mode, opts["return_state"], check, call)
+    shard = {} if opts["shard"] is None else dict(shard=opts["shard"],
+                                                 replicated=opts["replicated"])
+    handle = _api.bind(t, traced=True, name=name, examples=opts["examples"], **shard)
+    core = core_of(handle)  # op.torch: the torch code itself
+    b = _bridges.BRIDGES[core] = _bridges.Bridge(
+        _bridges.TORCH, _bridges._module_function(fn, opts["return_state"], False, name) if module
+        else fn,
+        None)
+    b.version = core.version
+    return _api.pickled_as(handle, _bridges.from_torch, (fn,), dict(opts, mode=mode,
+                                                                   check=check))
+
+
+class Translated:
+    """The traced function of a translated op: ``(*args, key=None, **kw) -> outputs``."""
+
+    def __init__(self, fn, name: str, mode: str, return_state: bool, check: bool,
+                 call_op: Callable[[], _api.Op]):
+        self.fn, self.name, self.mode = fn, name, mode
+        self.module = fn if isinstance(fn, torch.nn.Module) else None
+        self.return_state, self.check, self.make_call_op = return_state, check, call_op
+        self.programs: dict = {}
+        self.lock = threading.Lock()
+        self._call_op = None
+        self.__name__ = name
+
+    def __repr__(self) -> str:
+        return f"<torch program {self.name}, mode={self.mode!r}>"
+
+    def call_op(self) -> _api.Op:
+        if self._call_op is None:
+            self._call_op = self.make_call_op()
+        return self._call_op
+
+    def __call__(self, *args, key=None, **kw):
+        arrays = {k: v for k, v in kw.items() if _is_array(v)}
+        static = {k: v for k, v in kw.items() if k not in arrays}
+        sig = (tree_util.tree_structure((args, arrays)),
+               tuple((tuple(np.shape(a)), np.dtype(a.dtype))
+                     for a in tree_util.tree_leaves((args, arrays))),
+               _static_key(static), key is not None)
+        with self.lock:
+            prog = self.programs.get(sig)
+            if prog is None:
+                prog = self.programs[sig] = Program(self, args, arrays, static, key is not None)
+        if prog.whole_call:  # "auto" where nothing of the program can be captured
+            return self.call_op()(*args, **kw)
+        return prog.run(args, arrays, key)
+
+    def program(self, *args, key=None, **kw) -> Program:
+        """The ``Program`` a call with these arguments runs (captured on first use)."""
+        jax.eval_shape(lambda a, k: self(*a, key=key, **k), args, kw)
+        arrays = {k: v for k, v in kw.items() if _is_array(v)}
+        static = {k: v for k, v in kw.items() if k not in arrays}
+        sig = (tree_util.tree_structure((args, arrays)),
+               tuple((tuple(np.shape(a)), np.dtype(a.dtype))
+                     for a in tree_util.tree_leaves((args, arrays))),
+               _static_key(static), key is not None)
+        return self.programs[sig]
+
+
+def _is_array(v) -> bool:
+    return isinstance(v, jax.Array | np.ndarray) or hasattr(v, "aval") or (
+        isinstance(v, list | tuple | dict) and bool(tree_util.tree_leaves(v))
+        and all(_is_array(x) for x in tree_util.tree_leaves(v)))
+
+
+def _static_key(static: dict):
+    try:
+        hash(tuple(sorted(static.items())))
+        return tuple(sorted(static.items()))
+    except TypeError:
+        return repr(sorted(static.items()))
+
+
+def _torch_dtype(d) -> torch.dtype:
+    return _NP_TO_TORCH[np.dtype(d)]
+
+
+# ------------------------------------------------------------------ capture
+
+class _Wrapper(torch.nn.Module):
+    """A function as a module, for ``torch.export`` (its static keywords bound)."""
+
+    def __init__(self, fn, static):
+        super().__init__()
+        self.fn, self.static = fn, static
+
+    def forward(self, *args, **kw):
+        return self.fn(*args, **kw, **self.static)
+
+
+# torch.export's notice about LSTM's internal weight list, which it lifts as it should
+_LSTM_NOTICE = r"The tensor attributes .*_flat_weights.* were assigned during export"
+
+
+class Program:
+    """One captured program: its graph, where each input comes from, where each
+    output goes, and which nodes have no translation."""
+
+    def __init__(self, t: Translated, args, arrays: dict, static: dict, keyed: bool):
+        self.t, self.keyed, self.whole_call = t, keyed, False
+        self.fallback: dict = {}  # fx node -> the mode="call" op that runs it
+        if t.module is not None:
+            if not args or not isinstance(args[0], dict):
+                got = type(args[0]).__name__ if args else "no arguments"
+                raise TypeError(f"anybind op '{t.name}': a module op is called as "
+                                f"op(params, *inputs), params a dict keyed as "
+                                f"module.state_dict(); got {got} first")
+            params, inputs = args[0], args[1:]
+        else:
+            params, inputs = None, args
+        ex = tree_util.tree_map(lambda a: torch.zeros(np.shape(a), dtype=_torch_dtype(a.dtype)),
+                                (tuple(inputs), arrays))
+        leaves = tree_util.tree_leaves((inputs, arrays))
+        where = {id(e): i for i, e in enumerate(tree_util.tree_leaves(ex))}
+        module = t.module if t.module is not None else _Wrapper(t.fn, static)
+        kwargs = {**ex[1], **(static if t.module is not None else {})}
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
+                kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
+                ep = torch.export.export(module, ex[0], kwargs).run_decompositions()
+                for k, v in module.state_dict().items():  # capture changes nothing
+                    if not torch.equal(v, kept[k]):
+                        v.copy_(kept[k])
+        except Exception as e:  # noqa: BLE001  (dynamo's and export's errors are many)
+            if t.mode == "auto":
+                self.whole_call = True
+                return
+            raise Untranslatable(
+                f"anybind op '{t.name}': mode='translate' captures the program with "
+                f"torch.export, which failed ({type(e).__name__}: {_first_line(e)}). "
+                f"mode='auto' runs such a program as one torch call (as mode='call')") from e
+        self.ep, self.graph = ep, ep.graph_module.graph
+        flat_ex, _ = _torch.tree_flatten((ex[0], kwargs))
+        self.user = [where.get(id(e)) for e in flat_ex if isinstance(e, torch.Tensor)]
+        self.leaves_n = len(leaves)
+        self._inputs(ep, params)
+        self._outputs(ep)
+        self._scan()
+        if t.check and not self.whole_call:  # on a thread of its own: no trace is active
+            failed: list = []                  # there (JAX's trace state is per thread)
+            th = threading.Thread(target=_catching(failed, verify),
+                                  args=(self, args, arrays, static))
+            th.start()
+            th.join()
+            if failed:
+                raise failed[0]
+
+    # where each placeholder comes from
+    def _inputs(self, ep, params):
+        t, sig = self.t, ep.graph_signature
+        self.sources = []  # per placeholder: ("param"|"buffer", name) / ("user", i) / ("const", v)
+        user = iter(self.user)
+        names = _tied_names(t.module) if t.module is not None else {}
+        self.buffer_names = []
+        missing = []
+        for spec in sig.input_specs:
+            kind = spec.kind.name
+            if kind == "USER_INPUT":
+                i = next(user)
+                self.sources.append(("user", i))
+            elif kind in ("PARAMETER", "BUFFER"):
+                given = [n for n in names.get(spec.target, [spec.target]) if n in params]
+                if given:
+                    self.sources.append((kind.lower(), given[0]))
+                elif spec.target in ep.constants:  # a buffer kept out of state_dict
+                    self.sources.append(("const", ep.constants[spec.target]))
+                else:
+                    missing.append(spec.target)
+                    self.sources.append(None)
+            elif kind in ("CONSTANT_TENSOR",):
+                self.sources.append(("const", ep.constants[spec.target]))
+            else:
+                raise Untranslatable(f"anybind op '{t.name}': the captured program takes a "
+                                     f"{kind} input ({spec.target}), which has no JAX form")
+        if t.module is not None:
+            known = {n for group in names.values() for n in group}
+            unknown = sorted(set(params) - known)
+            if missing or unknown:
+                raise KeyError(
+                    f"anybind op '{t.name}': params must hold the names of "
+                    f"module.state_dict(); missing: {sorted(missing)}, unknown: {unknown}")
+            buffers = {n for n, _ in t.module.named_buffers(remove_duplicate=False)}
+            self.buffer_names = [n for n in params if n in buffers]
+
+    def _outputs(self, ep):
+        self.sinks = []  # per graph output: ("user", i) / ("buffer", name) / None (ignored)
+        u = 0
+        for spec in ep.graph_signature.output_specs:
+            kind = spec.kind.name
+            if kind == "USER_OUTPUT":
+                self.sinks.append(("user", u))
+                u += 1
+            elif kind == "BUFFER_MUTATION":
+                self.sinks.append(("buffer", spec.target))
+            else:  # USER_INPUT_MUTATION: out-of-place, as JAX arrays never change
+                self.sinks.append(None)
+        self.out_spec = ep.call_spec.out_spec
+
+    def _scan(self):
+        """The nodes without a translation: an error (translate), or torch calls (auto)."""
+        t = self.t
+        missing: dict[str, list[str]] = {}
+        random: dict[str, list[str]] = {}
+        for node in self.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            name = _aten.name_of(node.target)
+            ok = node.op == "call_function" and name in _aten.RULES and (
+                name not in _aten.SUPPORTS or _aten.SUPPORTS[name](node))
+            if ok and name in _aten.RANDOM and not self.keyed:
+                random.setdefault(name, []).append(node.name)
+                ok = False
+            if not ok:
+                missing.setdefault(name, []).append(node.name)
+        if not missing:
+            return
+        if t.mode == "translate":
+            raise Untranslatable(_missing_message(t.name, missing, random))
+        for node in self.graph.nodes:
+            if node.op in ("placeholder", "output"):
+                continue
+            name = _aten.name_of(node.target)
+            if node.name in missing.get(name, ()):
+                op = _node_op(t.name, node)
+                if op is None:  # not a tensor function: the whole program as one call
+                    self.whole_call = True
+                    return
+                self.fallback[node] = op
+
+    # -------------------------------------------------------------- running
+
+    def run(self, args, arrays: dict, key):
+        t = self.t
+        params = args[0] if t.module is not None else None
+        inputs = args[1:] if t.module is not None else args
+        leaves = tree_util.tree_leaves((tuple(inputs), arrays))
+        values = []
+        for src in self.sources:
+            kind, what = src
+            if kind == "user":
+                values.append(leaves[what])
+            elif kind == "parameter":
+                values.append(params[what])
+            elif kind == "buffer":  # never differentiated, as in mode="call"
+                values.append(jax.lax.stop_gradient(params[what]))
+            else:
+                values.append(_constant(what))
+        with jax.numpy_rank_promotion("allow"):  # torch broadcasts across ranks
+            outs = lower(self.graph, values, key, self.fallback, t.name)
+        user, state = [], {}
+        for sink, v in zip(self.sinks, outs):
+            if sink is None:
+                continue
+            if sink[0] == "user":
+                user.append(v)
+            else:
+                state[sink[1]] = v
+        out = _plain(_torch.tree_unflatten(user, self.out_spec))
+        if t.module is not None and t.return_state:
+            new = {n: jax.lax.stop_gradient(params[n]) for n in self.buffer_names}
+            for n in self.buffer_names:
+                for alias in _tied_names(t.module).get(n, [n]):
+                    if alias in state:
+                        new[n] = state[alias]
+            return out, new
+        return out
+
+
+def _constant(v):
+    if isinstance(v, torch.Tensor):
+        v = v.detach()
+        if v.dtype == torch.bfloat16:
+            return jnp.asarray(v.float().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(v.numpy())
+    return v
+
+
+def _plain(out):
+    """torch's structures as JAX's pytrees: structseqs and named tuples as tuples."""
+    if isinstance(out, tuple):
+        return tuple(_plain(o) for o in out)
+    if isinstance(out, list):
+        return [_plain(o) for o in out]
+    if isinstance(out, dict):
+        return {k: _plain(v) for k, v in out.items()}
+    return out
+
+
+def _tied_names(module) -> dict[str, list[str]]:
+    """Each name of ``state_dict`` (and of a buffer left out of it) -> every name of
+    the same tensor, in ``state_dict``'s order."""
+    names = dict(module.named_parameters(remove_duplicate=False))
+    names.update(module.named_buffers(remove_duplicate=False))
+    by_id: dict[int, list[str]] = {}
+    for n, v in names.items():
+        by_id.setdefault(id(v), []).append(n)
+    return {n: by_id[id(v)] for n, v in names.items()}
+
+
+def _first_line(e: Exception) -> str:
+    s = str(e).strip().splitlines()
+    return s[0] if s else ""
+
+
+def _missing_message(name: str, missing: dict, random: dict) -> str:
+    lines = [f"  {op}: {len(ns)} node{'s' * (len(ns) > 1)} ({', '.join(ns[:4])}"
+             f"{', ...' if len(ns) > 4 else ''})" for op, ns in sorted(missing.items())]
+    msg = (f"anybind op '{name}': mode='translate' found {len(missing)} torch op"
+           f"{'s' * (len(missing) > 1)} with no JAX translation:\n" + "\n".join(lines))
+    if random:
+        msg += (f"\n{', '.join(sorted(random))} draw random numbers: they translate when the "
+                f"op is given key= (a jax.random.key), or run by torch's generator in "
+                f"mode='auto' or mode='call'")
+    return msg + "\nmode='auto' runs the untranslated ops as torch calls; mode='call' runs it all."
+
+
+# ------------------------------------------------------------------ lowering
+
+class Node:
+    """What a rule sees of its fx node: the dtypes and shapes torch recorded, its key."""
+
+    def __init__(self, node, index: int, key):
+        self.node, self.index, self._key = node, index, key
+        val = node.meta.get("val")
+        vals = val if isinstance(val, list | tuple) else (val,)
+        self.dtypes = tuple(_np(v.dtype) if isinstance(v, torch.Tensor) else None
+                            for v in vals)
+        self.shapes = tuple(tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor)
+                            else None for v in vals)
+        self.dtype, self.shape = self.dtypes[0], self.shapes[0]
+        if isinstance(val, list | tuple):
+            self.shape = self.shapes
+
+    def key(self):
+        return jax.random.fold_in(self._key, self.index)
+
+    @property
+    def promoted(self):
+        """torch's promoted dtype of the node's operands (for comparisons)."""
+        ops = []
+        for a in self.node.args:
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+            if isinstance(v, torch.Tensor):
+                ops.append(torch.empty((0,) if v.ndim else (), dtype=v.dtype))
+            elif isinstance(v, bool | int | float | complex):
+                ops.append(v)
+        if not ops:
+            return self.dtype
+        d = ops[0] if isinstance(ops[0], torch.Tensor) else torch.tensor(ops[0])
+        d = d.dtype
+        if len(ops) > 1:
+            d = torch.result_type(*ops[:2]) if isinstance(ops[0], torch.Tensor) else \
+                torch.result_type(ops[1], ops[0]) if isinstance(ops[1], torch.Tensor) else d
+        return _np(d)
+
+
+def _np(d) -> np.dtype:
+    return jax.dtypes.canonicalize_dtype(_TORCH_TO_NP[d])
+
+
+def lower(graph, inputs: list, key, fallback: dict, name: str) -> list:
+    """The graph's outputs, each node lowered by its rule (or run by its fallback op)."""
+    env: dict = {}
+    it = iter(inputs)
+    load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
+    for index, node in enumerate(graph.nodes):
+        if node.op == "placeholder":
+            env[node] = next(it)
+        elif node.op == "output":
+            return list(load(node.args[0]))
+        elif node in fallback:
+            tensors = [env[n] for n in _tensor_inputs(node)]
+            env[node] = fallback[node](*tensors)
+        else:
+            info = Node(node, index, key)
+            args, kwargs = load(node.args), load(node.kwargs)
+            kwargs = {k: v for k, v in kwargs.items()
+                      if k not in ("device", "layout", "pin_memory", "memory_format")}
+            out = _aten.RULES[_aten.name_of(node.target)](info, *args, **kwargs)
+            env[node] = _as_recorded(out, info, name)
+    raise AssertionError("an fx graph ends with its output node")
+
+
+def _as_recorded(out, info: Node, name: str):
+    """``out`` cast to the dtypes torch recorded, its shapes checked against torch's."""
+    if info.node.target.__module__ == "_operator":
+        return out
+    single = not isinstance(out, tuple)
+    outs = (out,) if single else out
+    got = []
+    for v, d, s in zip(outs, info.dtypes, info.shapes, strict=False):
+        if v is None or d is None:
+            got.append(v)
+            continue
+        v = jnp.asarray(v)
+        if v.dtype != d:
+            v = v.astype(d)
+        if tuple(v.shape) != s:
+            raise AssertionError(f"anybind op '{name}': the translation of "
+                                 f"{_aten.name_of(info.node.target)} (node {info.node.name}) "
+                                 f"gave shape {tuple(v.shape)}, torch's is {s}")
+        got.append(v)
+    return got[0] if single else tuple(got)
+
+
+def _tensor_inputs(node) -> list:
+    found: list = []
+    torch.fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) or n)
+    return found
+
+
+def _node_op(name: str, node) -> _api.Op | None:
+    """``node`` as a ``mode="call"`` op of its tensor inputs, or None where it is not a
+    function of tensors to tensors."""
+    val = node.meta.get("val")
+    vals = val if isinstance(val, list | tuple) else (val,)
+    if node.op != "call_function" or not all(isinstance(v, torch.Tensor) for v in vals):
+        return None
+    if _aten.name_of(node.target).startswith("anybind::"):  # JAX code run by torch
+        return None  # (ab.to_torch inside the function): the program runs as one call
+    ins = _tensor_inputs(node)
+    if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in ins):
+        return None
+    target, args, kwargs = node.target, node.args, node.kwargs
+
+    def call(*tensors):
+        got = dict(zip(ins, tensors))
+        a, k = torch.fx.node.map_arg((args, kwargs), lambda n: got[n])
+        out = target(*a, **k)
+        return tuple(out) if isinstance(out, list) else out  # as the spec says
+    spec = tuple(jax.ShapeDtypeStruct(tuple(int(s) for s in v.shape), _np(v.dtype))
+                 for v in vals)
+    op_name = re.sub(r"\W", "_", f"{name}_{node.name}")
+    call.__name__ = op_name
+    return _BRIDGES.from_torch(call, shape=spec if isinstance(val, list | tuple) else spec[0],
+                               name=op_name)
+
+
+# ------------------------------------------------------------------ check=True
+
+_TOL = {np.dtype(np.float64): (1e-7, 1e-9), np.dtype(np.float32): (2e-4, 1e-5)}
+
+
+def _catching(failed: list, fn: Callable) -> Callable:
+    def run(*args):
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001  (raised again by the calling thread)
+            failed.append(e)
+    return run
+
+
+def verify(prog: Program, args, arrays: dict, static: dict) -> None:
+    """``check=True``: the new program against torch, once, on sampled inputs.
+
+    Floating inputs are standard normal (seed 0), integers and bools zeros; a
+    module's parameters and buffers are its own. Compared: the outputs, and the
+    gradient of ``Σ ȳ·y`` (ȳ standard normal) in every floating input and
+    parameter, JAX's against torch's autograd. A program whose random ops are
+    translated (``key=``) draws other numbers than torch and is not compared.
+    """
+    t = prog.t
+    if any(_aten.name_of(n.target) in _aten.RANDOM for n in prog.graph.nodes
+           if n.op == "call_function" and n not in prog.fallback):
+        return
+    r = np.random.default_rng(0)
+
+    def sample(a):
+        d = np.dtype(a.dtype)
+        if jnp.issubdtype(d, jnp.floating):
+            return r.standard_normal(np.shape(a)).astype(d)
+        return np.zeros(np.shape(a), d)
+    params = None
+    if t.module is not None:
+        params = {k: _constant(v) for k, v in t.module.state_dict().items()
+                  if k in args[0]}
+        args = (params, *tree_util.tree_map(sample, args[1:]))
+    else:
+        args = tree_util.tree_map(sample, args)
+    arrays = tree_util.tree_map(sample, arrays)
+    floats = lambda tree: [x for x in tree_util.tree_leaves(tree)  # noqa: E731
+                           if jnp.issubdtype(np.dtype(x.dtype), jnp.floating)]
+    out = prog.run(args, arrays, None)
+    outs = floats(out[0] if t.return_state and t.module is not None else out)
+    cts = [jnp.asarray(r.standard_normal(o.shape)).astype(o.dtype) for o in outs]
+
+    def scalar(a):
+        o = prog.run(a, arrays, None)
+        o = o[0] if t.return_state and t.module is not None else o
+        return sum(jnp.sum((y * c).astype(jnp.float32)) for y, c in
+                   zip(floats(o), cts, strict=True))
+    grads = jax.grad(scalar, allow_int=True)(args) if outs else None
+    # torch, on the same values
+    to_t = lambda x: _to_tensor(x)  # noqa: E731
+    targs, tarrays = tree_util.tree_map(to_t, (args, arrays))
+    leaves = [x for x in tree_util.tree_leaves(targs) if x.is_floating_point()]
+    for x in leaves:
+        x.requires_grad_(True)
+    if t.module is not None:
+        buffers = {n for n, _ in t.module.named_buffers(remove_duplicate=False)}
+        p = {k: (v.detach().clone() if k in buffers else v) for k, v in targs[0].items()}
+        tout = torch.func.functional_call(t.module, p, tuple(targs[1:]), {**tarrays, **static},
+                                          tie_weights=False)
+    else:
+        tout = t.fn(*targs, **tarrays, **static)
+    touts = [o for o in _torch.tree_flatten(tout)[0]
+             if isinstance(o, torch.Tensor) and o.is_floating_point()]
+    _compare(t.name, "outputs", outs, touts)
+    if not outs:
+        return
+    s = sum((o.double() * _to_tensor(c).double()).sum() for o, c in zip(touts, cts))
+    need = [x for x in leaves if x.requires_grad]
+    tg = torch.autograd.grad(s, need, allow_unused=True)
+    jg = [g for g, x in zip(tree_util.tree_leaves(grads), tree_util.tree_leaves(targs))
+          if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    tg = [torch.zeros_like(x) if g is None else g for g, x in zip(tg, need)]
+    _compare(t.name, "gradients", jg, tg)
+
+
+def _to_tensor(x) -> torch.Tensor:
+    x = np.asarray(x)
+    if x.dtype == np.dtype(jnp.bfloat16):
+        return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.array(x))
+
+
+def _compare(name: str, what: str, got: list, expected: list) -> None:
+    if len(got) != len(expected):
+        raise ValueError(f"anybind op '{name}': check=True: the translated program has "
+                         f"{len(got)} floating {what}, torch's {len(expected)}")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        g = np.asarray(g, np.float64)
+        e = e.detach().double().numpy()
+        rtol, atol = _TOL.get(np.dtype(np.asarray(got[i]).dtype), (3e-2, 3e-2))
+        scale = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
+        if g.shape != e.shape or not np.allclose(g, e, rtol=rtol, atol=atol * scale):
+            diff = float(np.max(np.abs(g - e))) if g.shape == e.shape else None
+            raise ValueError(
+                f"anybind op '{name}': check=True: the translated program's {what} differ "
+                f"from torch's on the same inputs ({what[:-1]} {i}: shape {g.shape} vs "
+                f"{e.shape}, max |difference| {diff}, tolerance rtol={rtol}, atol={atol}·"
+                f"{scale:.3g}). Run it with mode='call', and report the op")

@@ -1,0 +1,470 @@
+"""``ab.from_torch(..., mode="translate" | "auto")``: torch programs as JAX code, checked
+against torch itself on the same inputs (values and gradients).
+
+The models here (``MODELS``) are also what ``docs/gen_translate_coverage.py`` measures
+the coverage on.
+"""
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import anybind as ab
+from anybind.torch import _aten
+from helpers import assert_close, central_difference
+
+# ----------------------------------------------------------------- the models
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.ln, self.l2 = nn.Linear(8, 32), nn.LayerNorm(32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.l2(self.ln(F.gelu(self.l1(x))))
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.drop = nn.Dropout(0.25)
+        self.c2, self.fc = nn.Conv2d(8, 16, 3, stride=2), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        x = self.drop(F.relu(self.c2(x)))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: attention and an MLP, each with LayerNorm."""
+
+    def __init__(self, d=16, h=4):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, h, batch_first=True)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        y = self.ln1(x)
+        x = x + self.attn(y, y, y, need_weights=False)[0]
+        return x + self.ff(self.ln2(x))
+
+
+class LSTM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm, self.head = nn.LSTM(6, 12, batch_first=True), nn.Linear(12, 2)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+class ResBlock(nn.Module):
+    """torchvision's BasicBlock: conv-bn-relu-conv-bn, plus the input, relu."""
+
+    def __init__(self, c=8):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + x)
+
+
+# name -> (model, the shape of one input)
+MODELS = {"MLP": (MLP, (5, 8)), "CNN": (CNN, (2, 3, 12, 12)), "Block": (Block, (2, 5, 16)),
+          "LSTM": (LSTM, (3, 7, 6)), "ResBlock": (ResBlock, (2, 8, 6, 6))}
+
+
+def _model(name, dtype=torch.float64, train=False):
+    torch.manual_seed(0)
+    cls, shape = MODELS[name]
+    m = cls().to(dtype).train(train)
+    x = torch.randn(shape, dtype=dtype)
+    return m, x
+
+
+def _params(m):
+    return {k: jnp.asarray(v.detach().numpy()) for k, v in m.state_dict().items()}
+
+
+def _torch_grads(m, x):
+    m.zero_grad()
+    m(x).sum().backward()
+    return {k: v.grad.numpy() for k, v in m.named_parameters()}
+
+
+# -------------------------------------------------------------- whole models
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_models_translate_completely_and_agree_with_torch(name):
+    m, x = _model(name)
+    op = ab.from_torch(m, mode="translate")  # raises if any node has no translation
+    params = _params(m)
+    kept = {k: v.clone() for k, v in m.state_dict().items()}
+    got = jax.jit(op)(params, x.numpy())
+    assert_close(got, m(x).detach().numpy(), rtol=1e-10, atol=1e-12)
+    grads = jax.jit(jax.grad(lambda p: op(p, x.numpy()).sum(), allow_int=True))(params)
+    for k, g in _torch_grads(m, x).items():
+        assert_close(grads[k], g, rtol=1e-9, atol=1e-11)
+    for k, v in m.state_dict().items():  # capturing changed nothing
+        assert torch.equal(v, kept[k]), k
+    prog = op.fn.program(params, x.numpy())
+    assert not prog.fallback and not prog.whole_call
+
+
+@pytest.mark.parametrize("name", ["ResBlock", "CNN"])
+def test_train_mode_state_comes_back_as_torchs(name):
+    """BatchNorm in train mode: the running statistics and num_batches_tracked after one
+    call are torch's; the output uses the batch's statistics. (The CNN's dropout is
+    made the identity here with p = 0, so torch's and JAX's draws do not matter.)"""
+    m, x = _model(name, train=True)
+    if name == "CNN":
+        m.drop.p = 0.0
+    params = _params(m)
+    op = ab.from_torch(m, mode="translate", return_state=True)
+    out, state = jax.jit(op)(params, x.numpy(), key=jax.random.key(0))
+    ref = m(x)  # updates m's buffers, as torch does
+    assert_close(out, ref.detach().numpy(), rtol=1e-10, atol=1e-12)
+    assert sorted(state) == sorted(n for n, _ in m.named_buffers())
+    for n, b in m.named_buffers():
+        assert_close(state[n], b.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_eval_and_train_capture_separately():
+    m, x = _model("ResBlock")
+    op = ab.from_torch(m, mode="translate")
+    params = _params(m)
+    assert_close(op(params, x.numpy()), m(x).detach().numpy())
+
+
+# ------------------------------------------------------------------ random draws
+
+def _dropout(x):
+    return F.dropout(x, 0.5, training=True) * 3.0
+
+
+def test_random_ops_need_a_key_in_translate_mode():
+    op = ab.from_torch(_dropout, mode="translate")
+    with pytest.raises(TypeError, match=r"native_dropout.*\n.*key="):
+        op(jnp.ones(4))
+
+
+def test_dropout_draws_from_the_key():
+    """Node i draws from fold_in(key, i): the same key gives the same mask, another key
+    another; kept values are scaled by 1/(1 - p); the gradient uses the value's mask."""
+    op = ab.from_torch(_dropout, mode="translate")
+    x = jnp.linspace(1.0, 2.0, 4000)
+    k1, k2 = jax.random.key(1), jax.random.key(2)
+    a, b, c = op(x, key=k1), op(x, key=k1), op(x, key=k2)
+    assert_close(a, b, rtol=0, atol=0)
+    assert not np.array_equal(np.asarray(a) == 0, np.asarray(c) == 0)
+    kept = np.asarray(a) != 0
+    assert 0.45 < kept.mean() < 0.55
+    assert_close(np.asarray(a)[kept], 6.0 * np.asarray(x)[kept])
+    y, pull = jax.vjp(lambda v: op(v, key=k1), x)
+    (g,) = pull(jnp.ones_like(y))
+    assert_close(np.asarray(g) != 0, np.asarray(y) != 0, rtol=0, atol=0)
+    assert_close(np.asarray(g)[kept], 6.0)
+
+
+def test_auto_runs_random_ops_without_a_key_by_torch():
+    op = ab.from_torch(_dropout, mode="auto")
+    x = jnp.linspace(1.0, 2.0, 2000)
+    prog = op.fn.program(x)
+    assert [_aten.name_of(n.target) for n in prog.fallback] == ["aten::native_dropout.default"]
+    torch.manual_seed(3)  # torch's generator seeds the call's draws (as in call mode)
+    got = np.asarray(jax.jit(op)(x))
+    torch.manual_seed(3)
+    assert_close(np.asarray(jax.jit(op)(x)), got)
+    kept = got != 0  # torch's dropout: each entry dropped or scaled by 1 / (1 - p)
+    assert 0.3 < kept.mean() < 0.7
+    assert_close(got[kept], 6.0 * np.asarray(x)[kept])
+
+
+# ------------------------------------------------- translate's errors, auto's calls
+
+def _partly(x):
+    return torch.fft.fft(x.sin()).real * torch.special.bessel_j0(x) + x ** 2
+
+
+def test_translate_names_every_untranslated_op():
+    op = ab.from_torch(_partly, mode="translate")
+    with pytest.raises(TypeError) as e:
+        op(jnp.linspace(0.0, 1.0, 6))
+    msg = str(e.value)
+    assert "'_partly'" in msg and "aten::_fft_r2c" in msg and "aten::special_bessel_j0" in msg
+
+
+def test_auto_calls_torch_for_the_rest_inside_one_program():
+    op = ab.from_torch(_partly, mode="auto")
+    x = np.linspace(0.1, 1.0, 6)
+    xt = torch.from_numpy(x).requires_grad_()
+    expected = _partly(xt)
+    assert_close(jax.jit(op)(x), expected.detach().numpy())
+    expected.sum().backward()
+    assert_close(jax.jit(jax.grad(lambda v: op(v).sum()))(x), xt.grad.numpy())
+    prog = op.fn.program(x)
+    names = sorted(_aten.name_of(n.target) for n in prog.fallback)
+    assert names == ["aten::_fft_r2c.default", "aten::special_bessel_j0.default"]
+    assert not prog.whole_call
+    dx = np.cos(np.arange(6.0))
+    _, t = jax.jvp(op, (x,), (dx,))
+    assert_close(t, central_difference(op, x, dx), rtol=1e-6, atol=1e-6)
+
+
+def _data_dependent(x):
+    if x.sum().item() > 0:  # torch.export cannot capture a branch on a value
+        return x * 2
+    return -x
+
+
+def test_auto_runs_an_uncapturable_program_as_one_torch_call():
+    op = ab.from_torch(_data_dependent, mode="auto")
+    assert_close(op(jnp.ones(3)), 2 * np.ones(3))
+    assert_close(op(-jnp.ones(3)), np.ones(3))
+    assert op.fn.program(jnp.ones(3)).whole_call
+    with pytest.raises(TypeError, match="torch.export"):
+        ab.from_torch(_data_dependent, mode="translate")(jnp.ones(3))
+
+
+def test_bad_mode_and_params_are_named():
+    with pytest.raises(ValueError, match="mode must be one of"):
+        ab.from_torch(torch.sin, mode="fast")
+    m, x = _model("MLP")
+    params = _params(m)
+    op = ab.from_torch(m, mode="translate")
+    with pytest.raises(KeyError, match=r"missing: \['l1.bias'\], unknown: \['l9.bias'\]"):
+        op({**{k: v for k, v in params.items() if k != "l1.bias"}, "l9.bias": params["l1.bias"]},
+           x.numpy())
+
+
+# --------------------------------------------------------------- transformations
+
+def _smooth(x, w):
+    return torch.tanh(x @ w).sum(-1) + torch.log1p(x ** 2).mean(-1)
+
+
+def test_every_transformation_is_jaxs():
+    op = ab.from_torch(_smooth, mode="translate")
+    r = np.random.default_rng(0)
+    x, w = r.standard_normal((3, 4)), r.standard_normal((4, 5))
+    f = lambda v: op(v, w).sum()  # noqa: E731
+    xt = torch.from_numpy(x)
+    th = torch.func.hessian(lambda v: _smooth(v, torch.from_numpy(w)).sum())(xt)
+    assert_close(jax.hessian(f)(x), th.numpy())
+    assert_close(jax.jacfwd(jax.jacrev(f))(x), th.numpy())
+    xs = r.standard_normal((7, 3, 4))
+    assert_close(jax.vmap(lambda v: op(v, w))(xs), np.stack([op(v, w) for v in xs]))
+    dx = r.standard_normal((3, 4))
+    _, t = jax.jvp(lambda v: op(v, w), (x,), (dx,))
+    assert_close(t, central_difference(lambda v: op(v, w), x, dx), rtol=1e-6, atol=1e-6)
+    # no host call: the program exports, and runs where torch is not
+    exp = jax.export.export(jax.jit(op))(x, w)
+    back = jax.export.deserialize(exp.serialize())
+    assert_close(back.call(x, w), _smooth(xt, torch.from_numpy(w)).numpy())
+    assert "callback" not in exp.mlir_module()
+
+
+def test_op_torch_is_the_torch_code_and_ab_check_compares_them():
+    op = ab.from_torch(_smooth, mode="translate")
+    assert op.torch is _smooth
+    r = np.random.default_rng(1)
+    report = ab.check(op, r.standard_normal((3, 4)), r.standard_normal((4, 5)), torch=True)
+    assert report.ok
+
+
+def test_pickles_as_from_torch_with_its_mode():
+    op = ab.from_torch(_smooth, mode="translate")
+    back = pickle.loads(pickle.dumps(op))
+    x, w = np.ones((2, 4)), np.ones((4, 3))
+    assert back.fn.mode == "translate"
+    assert_close(back(x, w), op(x, w))
+
+
+# ---------------------------------------------------------------- check=True
+
+def test_check_on_first_call_catches_a_wrong_translation(monkeypatch):
+    m, x = _model("MLP", dtype=torch.float32)
+    params = _params(m)
+    op = ab.from_torch(m, mode="translate", check=True)
+    jax.jit(op)(params, x.numpy())  # compared with torch at its capture: agrees
+    monkeypatch.setitem(_aten.RULES, "aten::gelu.default",
+                        lambda n, v, approximate="none": jax.nn.gelu(v, approximate=True) * 1.01)
+    bad = ab.from_torch(m, mode="translate", check=True)
+    with pytest.raises(ValueError, match="'MLP': check=True: the translated program's outputs"):
+        jax.jit(bad)(params, x.numpy())
+
+
+# ------------------------------------------------------------- torch's semantics
+
+def _semantics(i, f, n):
+    return (i + f,                          # int32 + float32 -> float32
+            i / 2,                          # true division of ints -> float32
+            torch.div(n, 3, rounding_mode="floor"), torch.div(n, 3, rounding_mode="trunc"),
+            n % 3, i.sum(), (f > 0).sum(),  # integer sums are int64
+            f.mean(0), torch.remainder(f, 0.7), f.to(torch.bfloat16) * 2)
+
+
+def test_dtype_promotion_division_and_reduction_dtypes():
+    i = np.arange(-4, 4, dtype=np.int32).reshape(2, 4)
+    f = np.linspace(-1.5, 2.0, 8, dtype=np.float32).reshape(2, 4)
+    n = np.arange(-7, 9, 2, dtype=np.int64).reshape(2, 4)
+    got = ab.from_torch(_semantics, mode="translate")(i, f, n)
+    expected = _semantics(*map(torch.from_numpy, (i, f, n)))
+    for g, e in zip(got, expected, strict=True):
+        assert str(g.dtype) == str(e.dtype).removeprefix("torch."), (g.dtype, e.dtype)
+        assert_close(np.asarray(g, np.float64), e.double().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_inplace_code_is_out_of_place():
+    def f(x):
+        y = x.clone()
+        y[1:] += 1
+        x.mul_(2)          # writes into an input: acts on a copy
+        return x + y
+    v = jnp.arange(3.0)
+    got = ab.from_torch(f, mode="translate")(v)
+    assert_close(got, f(torch.arange(3.0, dtype=torch.float64)).numpy())
+    assert_close(v, np.arange(3.0))
+
+
+# ---------------------------------------------------------- per-op agreement sweep
+
+def _shapes(*s):
+    return s
+
+
+# name -> (function of tensors, input shapes, float inputs differentiable)
+OPS = {
+    "add_alpha": (lambda a, b: torch.add(a, b, alpha=0.5), _shapes((3, 1, 5), (4, 1))),
+    "sub_mul_div": (lambda a, b: (a - b) * a / (b.abs() + 1), _shapes((5, 3), (3,))),
+    "pow": (lambda a, b: (a.abs() + 0.5) ** b, _shapes((2, 3), (2, 3))),
+    "unary": (lambda a: a.sin() + a.cos().exp() + a.tanh() + a.sigmoid() + torch.erf(a)
+              + a.abs().sqrt() + torch.log1p(a.abs()) + a.atan(), _shapes((3, 7))),
+    "maximum_where_clamp": (lambda a, b: torch.where(a > b, torch.maximum(a, b),
+                                                     a.clamp(-0.5, 0.5)), _shapes((4, 5), (5,))),
+    "softmax_logsoftmax": (lambda a: a.softmax(-1) + a.log_softmax(0), _shapes((3, 6))),
+    "reductions": (lambda a: a.sum(1) + a.mean(1) + a.amax(1) + a.var(1) + a.std(1)
+                   + a.logsumexp(1), _shapes((4, 5))),
+    "cumsum_cumprod": (lambda a: a.cumsum(1) + a.cumprod(0), _shapes((3, 4))),
+    "matmul": (lambda a, b: a @ b, _shapes((2, 3, 5), (5, 4))),
+    "bmm_baddbmm": (lambda a, b, c: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0),
+                    _shapes((2, 3, 4), (2, 4, 5), (2, 3, 5))),
+    "linear": (lambda a, w, b: F.linear(a, w, b), _shapes((3, 7), (5, 7), (5,))),
+    "conv1d": (lambda a, w: F.conv1d(a, w, padding=2, stride=2), _shapes((2, 3, 9), (4, 3, 3))),
+    "conv2d_groups_dilation": (lambda a, w: F.conv2d(a, w, groups=2, dilation=2, padding=1),
+                               _shapes((1, 4, 7, 6), (6, 2, 3, 3))),
+    "conv_transpose2d": (lambda a, w: F.conv_transpose2d(a, w, stride=2, padding=1,
+                                                         output_padding=1),
+                         _shapes((1, 3, 5, 4), (3, 2, 3, 3))),
+    "max_pool_ceil": (lambda a: F.max_pool2d(a, 3, 2, padding=1, ceil_mode=True),
+                      _shapes((1, 2, 7, 8))),
+    "avg_pool": (lambda a: F.avg_pool2d(a, 3, 2, padding=1) + 0
+                 * F.avg_pool2d(a, 3, 2, padding=1, count_include_pad=False),
+                 _shapes((1, 2, 7, 8))),
+    "adaptive_avg_pool": (lambda a: F.adaptive_avg_pool2d(a, (3, 2)), _shapes((1, 2, 7, 5))),
+    "layer_norm": (lambda a, w, b: F.layer_norm(a, (5,), w, b), _shapes((3, 5), (5,), (5,))),
+    "group_norm": (lambda a, w, b: F.group_norm(a, 2, w, b), _shapes((2, 4, 3, 3), (4,), (4,))),
+    "batch_norm_train": (lambda a, w, b: F.batch_norm(a, None, None, w, b, training=True),
+                         _shapes((4, 3, 5), (3,), (3,))),
+    "views": (lambda a: a.t().reshape(2, 6)[:, 1::2].unsqueeze(0).expand(3, 2, 3).flip(2)
+              .permute(2, 0, 1), _shapes((4, 3))),
+    "cat_stack_split": (lambda a, b: torch.cat([a, b], 1).split([2, 3], 1)[1]
+                        + torch.stack([a[:, 0], b[:, 0]], 1).sum(1, keepdim=True),
+                        _shapes((3, 2), (3, 3))),
+    "index_gather": (lambda a: a[torch.tensor([2, 0, 1])] + a.gather(1, torch.tensor(
+        [[0, 1], [1, 0], [2, 2]]))[:, :1], _shapes((3, 3))),
+    "pad_tril_roll": (lambda a: F.pad(a, (1, 2, 0, 1)).tril(1).roll(1, 0), _shapes((3, 4))),
+    "activations": (lambda a: F.silu(a) + F.elu(a) + F.leaky_relu(a, 0.1) + F.softplus(a)
+                    + F.hardtanh(a) + F.gelu(a, approximate="tanh"), _shapes((4, 6))),
+    "embedding": (lambda w: F.embedding(torch.tensor([[1, 3], [0, 1]]), w), _shapes((4, 5))),
+    "sort_topk": (lambda a: a.sort(1, descending=True)[0] + a.topk(4, 1)[0], _shapes((3, 4))),
+    "scaled_dot_product_attention": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        _shapes((2, 2, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4))),
+    "diagonal_repeat": (lambda a: a.diagonal(1).repeat(2, 1) + 0 * a[0, 0], _shapes((4, 5))),
+    "reflect_replicate_pad": (lambda a: F.pad(a, (2, 1, 1, 2), mode="reflect")
+                              + F.pad(a, (2, 1, 1, 2), mode="replicate"), _shapes((1, 2, 4, 5))),
+    "upsample": (lambda a: F.interpolate(a, size=(7, 9), mode="bilinear")
+                 + F.interpolate(a, size=(7, 9), mode="bilinear", align_corners=True)
+                 + F.interpolate(a, size=(7, 9), mode="nearest"), _shapes((1, 2, 3, 4))),
+    "cdist": (lambda a, b: torch.cdist(a, b) + torch.cdist(a, b, p=1.0),
+              _shapes((2, 4, 3), (2, 5, 3))),
+    "scatter_reduce": (lambda a, b: a.scatter_reduce(0, torch.tensor([[0, 1, 0], [2, 0, 1]]),
+                                                     b, "sum")
+                       + a.scatter_reduce(0, torch.tensor([[0, 1, 0], [2, 0, 1]]), b, "mean",
+                                          include_self=False), _shapes((3, 3), (2, 3))),
+}
+_TOL = {torch.float64: (1e-9, 1e-11), torch.float32: (2e-5, 2e-5),
+        torch.bfloat16: (3e-2, 3e-2)}
+
+
+def _inputs(shapes, dtype, transposed):
+    """Fixed-seed inputs; ``transposed``: each 2-d-or-more input a non-contiguous view."""
+    torch.manual_seed(0)
+    out = []
+    for s in shapes:
+        if transposed and len(s) >= 2:
+            t = torch.randn(*s[:-2], s[-1], s[-2], dtype=torch.float64).transpose(-1, -2)
+        else:
+            t = torch.randn(*s, dtype=torch.float64)
+        out.append(t.to(dtype))
+    return out
+
+
+@pytest.mark.slow  # one capture per op and dtype: about a minute in all
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16],
+                         ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_each_translated_op_agrees_with_torch(name, dtype):
+    fn, shapes = OPS[name]
+    if name == "cdist" and dtype == torch.bfloat16:
+        pytest.skip("torch has no bfloat16 cdist to compare with")
+    ts = _inputs(shapes, dtype, transposed=dtype == torch.float64)
+    for t in ts:
+        t.requires_grad_()
+    expected = fn(*ts)
+    ct = torch.randn(expected.shape, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(1))
+    (expected.double() * ct).sum().backward()
+    rtol, atol = _TOL[dtype]
+    np_in = [_numpy(t.detach()) for t in ts]
+    op = ab.from_torch(fn, mode="translate")
+    got = jax.jit(op)(*np_in)
+    assert str(got.dtype) == str(expected.dtype).removeprefix("torch.")
+    scale = max(1.0, float(expected.detach().double().abs().max()))
+    assert_close(np.asarray(got, np.float64), expected.detach().double().numpy(),
+                 rtol=rtol, atol=atol * scale)
+    grads = jax.jit(jax.grad(lambda *v: jnp.sum(op(*v).astype(jnp.float64) * ct.numpy()),
+                             argnums=tuple(range(len(np_in)))))(*np_in)
+    for g, t in zip(grads, ts, strict=True):
+        gs = max(1.0, float(t.grad.double().abs().max()))
+        assert_close(np.asarray(g, np.float64), t.grad.double().numpy(), rtol=rtol,
+                     atol=atol * gs * (4 if dtype == torch.bfloat16 else 1))
+
+
+def _numpy(t):
+    if t.dtype == torch.bfloat16:
+        return np.asarray(jnp.asarray(t.float().numpy()).astype(jnp.bfloat16))
+    return t.numpy()
+
+
+@pytest.mark.slow  # captures every model twice
+def test_the_coverage_page_is_what_its_script_writes():
+    import pathlib
+    import sys
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs"
+    sys.path.insert(0, str(docs))
+    import gen_translate_coverage
+    assert gen_translate_coverage.PAGE.read_text() == gen_translate_coverage.render(), (
+        "run: python docs/gen_translate_coverage.py")
