@@ -338,7 +338,7 @@ def handle_of(core: CoreOp) -> Op:
 def subclassed(handle: Op, cls: type) -> Op:
     """A handle of ``cls`` (a front end's ``Op`` subclass) on ``handle``'s op, recording
     only the ``def_*`` calls made on it from now on (the user's, which pickle with it)."""
-    h = object.__new__(cls)
+    h: Op = object.__new__(cls)
     h.__dict__.update(handle.__dict__)
     fn, options, _ = handle._made
     object.__setattr__(h, "_made", (fn, options, []))
