@@ -175,6 +175,9 @@ class _Wrapper(torch.nn.Module):
 
 # torch.export's notice about LSTM's internal weight list, which it lifts as it should
 _LSTM_NOTICE = r"The tensor attributes .*_flat_weights.* were assigned during export"
+# torch 2.13's export calls its own deprecated ``isinstance(treespec, LeafSpec)`` (gone by
+# 2.15): a notice about torch's code, which no user can change
+_LEAFSPEC_NOTICE = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 class Program:
@@ -202,6 +205,7 @@ class Program:
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
+                warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
                 ep = torch.export.export(module, ex[0], kwargs).run_decompositions()
                 for k, v in module.state_dict().items():  # capture changes nothing
