@@ -217,7 +217,7 @@ class FromTorch(_api.Op):
         return _api.subclassed(handle, FromTorch)
 
     def __call__(self, *args, **kw):
-        core = self._core
+        core = core_of(self)
         b = BRIDGES.get(core)
         if b is None or b.version != core.version:  # the user's own rules: as they are
             return core(*args, **kw)

@@ -116,12 +116,7 @@ class Translated:
         return self._call_op
 
     def __call__(self, *args, key=None, **kw):
-        arrays = {k: v for k, v in kw.items() if _is_array(v)}
-        static = {k: v for k, v in kw.items() if k not in arrays}
-        sig = (tree_util.tree_structure((args, arrays)),
-               tuple((tuple(np.shape(a)), np.dtype(a.dtype))
-                     for a in tree_util.tree_leaves((args, arrays))),
-               _static_key(static), key is not None)
+        arrays, static, sig = _signature(args, kw, key)
         with self.lock:
             prog = self.programs.get(sig)
             if prog is None:
@@ -133,13 +128,18 @@ class Translated:
     def program(self, *args, key=None, **kw) -> Program:
         """The ``Program`` a call with these arguments runs (captured on first use)."""
         jax.eval_shape(lambda a, k: self(*a, key=key, **k), args, kw)
-        arrays = {k: v for k, v in kw.items() if _is_array(v)}
-        static = {k: v for k, v in kw.items() if k not in arrays}
-        sig = (tree_util.tree_structure((args, arrays)),
-               tuple((tuple(np.shape(a)), np.dtype(a.dtype))
-                     for a in tree_util.tree_leaves((args, arrays))),
-               _static_key(static), key is not None)
-        return self.programs[sig]
+        return self.programs[_signature(args, kw, key)[2]]
+
+
+def _signature(args, kw, key) -> tuple:
+    """(array keywords, static keywords, the call signature a program is captured for)."""
+    arrays = {k: v for k, v in kw.items() if _is_array(v)}
+    static = {k: v for k, v in kw.items() if k not in arrays}
+    sig = (tree_util.tree_structure((args, arrays)),
+           tuple((tuple(np.shape(a)), np.dtype(a.dtype))
+                 for a in tree_util.tree_leaves((args, arrays))),
+           _static_key(static), key is not None)
+    return arrays, static, sig
 
 
 def _is_array(v) -> bool:
