@@ -37,6 +37,15 @@ def core_ops() -> list[str]:
     return sorted(set(out))
 
 
+def row(model: str, mode: str, prog) -> tuple:
+    """A table row: the model, its mode, its ATen nodes, how many translate, the rest."""
+    from anybind.torch import _aten
+    nodes = [n for n in prog.graph.nodes if n.op == "call_function"
+             and _aten.name_of(n.target).startswith("aten::")]
+    left = sorted({_aten.name_of(n.target) for n in prog.fallback})
+    return model, mode, len(nodes), len(nodes) - len(prog.fallback), left
+
+
 def model_rows() -> list[tuple]:
     import jax
     import jax.numpy as jnp
@@ -54,18 +63,14 @@ def model_rows() -> list[tuple]:
             m = cls().train(train)
             params = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
             x = jnp.zeros(shape, jnp.float32)
-            op = ab.from_torch(m, mode="auto")
-            keyed = ab.from_torch(m, mode="auto")
-            for label, o, kw in [("", op, {}), (", key=", keyed, {"key": jax.random.key(0)})]:
-                prog = o.fn.program(params, x, **kw)
-                nodes = [n for n in prog.graph.nodes if n.op == "call_function"
-                         and _aten.name_of(n.target).startswith("aten::")]
-                left = sorted({_aten.name_of(n.target) for n in prog.fallback})
-                done = len(nodes) - len(prog.fallback)
-                if label and not any(_aten.name_of(n.target) in _aten.RANDOM for n in nodes):
-                    continue  # nothing random: the same as without a key
-                rows.append((name, ("train" if train else "eval") + label, len(nodes), done,
-                             left))
+            prog = ab.from_torch(m, mode="auto").fn.program(params, x)
+            rows.append(row(name, "train" if train else "eval", prog))
+            if any(n.op == "call_function" and _aten.name_of(n.target) in _aten.RANDOM
+                   for n in prog.graph.nodes):
+                # something random: what translates when the op is given a key
+                keyed = ab.from_torch(m, mode="auto").fn.program(params, x,
+                                                                 key=jax.random.key(0))
+                rows.append(row(name, "train, key=" if train else "eval, key=", keyed))
     return rows
 
 

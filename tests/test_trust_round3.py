@@ -406,10 +406,9 @@ _SCALE = """
             y[:] = k * x
             return 0
         return body
-    dbl = numba.cfunc(ab.numba_signature())(scaled(2.0))
-    triple = numba.cfunc(ab.numba_signature())(scaled(3.0))
-    dbl.__name__, triple.__name__ = "dbl", "triple"  # numba keeps the inner function's name
-    fn, version = {{"dbl": dbl, "triple": triple}}[sys.argv[1]], sys.argv[2]
+    name, version = sys.argv[1], sys.argv[2]   # "dbl" or "triple", compiled alone
+    fn = numba.cfunc(ab.numba_signature())(scaled({{"dbl": 2.0, "triple": 3.0}}[name]))
+    fn.__name__ = name  # numba keeps the inner function's name
     op = ab.bind(fn, shape=ab.like(0), name="mul", export_version=version or None)
     x = jnp.arange(3.0)
     if sys.argv[3] == "export":
