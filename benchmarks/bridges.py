@@ -498,17 +498,40 @@ def _models():
     """(name, torch module, input of batch n, the same model by hand in jax.numpy),
     float32, eval mode; the models of tests/test_bridges_translate.py."""
     sys.path.insert(0, str(HERE.parent / "tests"))
-    from test_bridges_translate import CNN, MLP, ResBlock
+    from test_bridges_translate import CNN, LSTM, MLP, Block, ResBlock
     hi = jax.lax.Precision.HIGHEST
 
     def lin(p, k, x):
         return jnp.matmul(x, p[f"{k}.weight"].T, precision=hi) + p[f"{k}.bias"]
 
-    def mlp(p, x):
-        h = jax.nn.gelu(lin(p, "l1", x), approximate=False)
+    def ln(p, k, h):
         m, v = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
-        h = (h - m) * jax.lax.rsqrt(v + 1e-5) * p["ln.weight"] + p["ln.bias"]
-        return lin(p, "l2", h)
+        return (h - m) * jax.lax.rsqrt(v + 1e-5) * p[f"{k}.weight"] + p[f"{k}.bias"]
+
+    def mlp(p, x):
+        return lin(p, "l2", ln(p, "ln", jax.nn.gelu(lin(p, "l1", x), approximate=False)))
+
+    def block(p, x, heads=4):
+        y = ln(p, "ln1", x)
+        qkv = jnp.matmul(y, p["attn.in_proj_weight"].T, precision=hi) + p["attn.in_proj_bias"]
+        q, k, v = (t.reshape(*t.shape[:-1], heads, -1) for t in jnp.split(qkv, 3, -1))
+        a = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=hi) / np.sqrt(q.shape[-1])
+        o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(a, -1), v, precision=hi)
+        x = x + lin(p, "attn.out_proj", o.reshape(x.shape))
+        h = jax.nn.gelu(lin(p, "ff.0", ln(p, "ln2", x)), approximate=False)
+        return x + lin(p, "ff.2", h)
+
+    def lstm(p, x):
+        def step(hc, xt):
+            h, c = hc
+            g = (jnp.matmul(xt, p["lstm.weight_ih_l0"].T, precision=hi) + p["lstm.bias_ih_l0"]
+                 + jnp.matmul(h, p["lstm.weight_hh_l0"].T, precision=hi) + p["lstm.bias_hh_l0"])
+            i, f, gg, o = jnp.split(g, 4, -1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(gg)
+            return (jax.nn.sigmoid(o) * jnp.tanh(c), c), None
+        h0 = jnp.zeros((x.shape[0], p["lstm.weight_hh_l0"].shape[1]), x.dtype)
+        (h, _), _ = jax.lax.scan(step, (h0, h0), jnp.swapaxes(x, 0, 1))
+        return lin(p, "head", h)
 
     def conv(p, k, x, stride=1, pad=0, bias=True):
         y = jax.lax.conv_general_dilated(x, p[f"{k}.weight"], (stride, stride),
@@ -532,7 +555,9 @@ def _models():
 
     return [("MLP", MLP, lambda n: (n, 8), mlp, (1, 1_000, 1_000_000)),
             ("CNN", CNN, lambda n: (n, 3, 12, 12), cnn, (1, 100, 1_000)),
-            ("ResBlock", ResBlock, lambda n: (n, 8, 6, 6), res, (1, 100, 1_000))]
+            ("ResBlock", ResBlock, lambda n: (n, 8, 6, 6), res, (1, 100, 1_000)),
+            ("Block", Block, lambda n: (n, 5, 16), block, (1, 100, 1_000)),
+            ("LSTM", LSTM, lambda n: (n, 7, 6), lstm, (1, 100, 1_000))]
 
 
 def time_models(repeats: int, sample_s: float) -> dict:
