@@ -9,6 +9,8 @@ counterpart (torch code draws from torch's generator), so the dropout port check
 what holds for torch's draws. Values are checked against torch, gradients against
 torch's own autograd.
 """
+import collections
+import dataclasses
 import functools
 
 import jax
@@ -19,7 +21,7 @@ import torch
 from jax import random
 
 import anybind as ab
-from helpers import assert_close
+from helpers import assert_close, check_first_order
 
 pytestmark = pytest.mark.slow  # a ported suite: torch2jax's own tests
 
@@ -244,3 +246,87 @@ def test_torch_nn_functional_scaled_dot_product_attention():
             q, k, v, e, heads, ipw, ipb, None, None, False, 0.0, opw, opb, training=False,
             need_weights=False)[0],
         [(3, 1, 6)] * 3 + [(3 * e, e), (3 * e,), (e, e), (e,)], 1e-10)
+
+
+# the classes of test_tree_coerce, registered with torch's pytrees only
+@dataclasses.dataclass
+class _A:
+    a: torch.Tensor
+
+
+@dataclasses.dataclass
+class _B:
+    a: _A
+    b: int
+
+
+torch.utils._pytree.register_dataclass(_A)
+torch.utils._pytree.register_dataclass(_B)
+
+
+def _torch_leaves(tree) -> list:
+    return [np.asarray(l) for l in torch.utils._pytree.tree_leaves(tree)]
+
+
+# tests/test_core.py::test_tree_coerce (torch2jax's main branch)
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_tree_coerce(mode):
+    """Structseqs come out as tuples, torch-registered dataclasses as the same classes
+    (now JAX pytrees too), Python numbers as the arrays jax.jit makes of them."""
+    def f():
+        t1 = torch.return_types.max([1, torch.ones(3)])
+        t2 = torch.return_types.topk([3.0, t1])
+        t3 = _A(torch.ones(3, 2))
+        t4 = _B(t3, 7)
+        return (t2, t3, t4)
+
+    op = ab.from_torch(f, mode=mode)
+    want = f()
+    for got in (jax.jit(op)(), op()):
+        assert isinstance(got[1], _A) and isinstance(got[2], _B)
+        assert isinstance(got[2].a, _A) and type(got[0]) is tuple
+        leaves = jax.tree_util.tree_leaves(got)
+        assert len(leaves) == len(_torch_leaves(want)) == 6
+        for g, w in zip(leaves, _torch_leaves(want)):
+            assert_close(g, w)
+        assert got[2].b.dtype == np.int64 and got[0][0].dtype == np.float64  # x64 on
+
+
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_tree_coerce_gradients(mode):
+    """Values and derivatives through a dataclass output holding tensors, a structseq and
+    a number: central differences, the transpose identity, and torch's autograd."""
+    def f(x, w):
+        m = torch.max(x * w, dim=0)
+        return _B(_A(torch.sin(x) @ w), 2), (m, 1.5)
+
+    x, w = random.normal(random.PRNGKey(0), (4, 3)), random.normal(random.PRNGKey(1), (3,))
+    op = ab.from_torch(f, mode=mode)
+    got = op(x, w)
+    want = f(_t(x), _t(w))
+    for g, r in zip(jax.tree_util.tree_leaves(got), _torch_leaves(want), strict=True):
+        assert_close(g, r)
+    check_first_order(op, (x, w))
+    check_first_order(jax.jit(op), (x, w))
+    loss = lambda o: (o[0].a.a ** 2).sum() + o[1][0][0].sum()  # noqa: E731
+    gx, gw = jax.jit(jax.grad(lambda x, w: loss(op(x, w)), argnums=(0, 1)))(x, w)
+    tx, tw = _t(x).requires_grad_(), _t(w).requires_grad_()
+    out = f(tx, tw)
+    ((out[0].a.a ** 2).sum() + out[1][0][0].sum()).backward()
+    assert_close(gx, tx.grad.numpy())
+    assert_close(gw, tw.grad.numpy())
+    batched = jax.vmap(op, in_axes=(0, None))(jnp.stack([x, 2 * x]), w)
+    assert isinstance(batched[0], _B)
+    assert_close(batched[0].a.a[1], op(2 * x, w)[0].a.a)
+
+
+def test_tree_coerce_refused():
+    """An output no JAX pytree of arrays holds is an error naming the op, the output and
+    what it is."""
+    x = np.ones(3)
+    op = ab.from_torch(lambda x: (x, collections.deque([x])), name="queue")
+    with pytest.raises(TypeError, match=r"'queue'.*output \[1\] is a collections.deque"):
+        op(x)
+    op = ab.from_torch(lambda x: {"y": x, "tag": "label"}, name="tagged")
+    with pytest.raises(TypeError, match=r"'tagged'.*output \['tag'\] is a builtins.str"):
+        op(x)
