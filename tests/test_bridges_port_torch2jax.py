@@ -21,7 +21,13 @@ import torch
 from jax import random
 
 import anybind as ab
-from helpers import assert_close, check_first_order
+from helpers import (
+    assert_close,
+    check_first_order,
+    tree_central_difference,
+    tree_inner,
+    tree_randn_like,
+)
 
 pytestmark = pytest.mark.slow  # a ported suite: torch2jax's own tests
 
@@ -196,37 +202,83 @@ def _function_test(f, input_shapes, atol, num_tests=3, argnums=None):
             assert_close(g, r.numpy(), rtol=atol, atol=atol)
 
 
-# tests/test_torch_nn.py::test_torch_nn_functional_batch_norm
-def test_torch_nn_functional_batch_norm():
-    # the running statistics, which torch refuses to differentiate, are keyword operands
-    # (anybind's non-differentiable inputs) rather than positional ones
-    f = functools.partial(torch.nn.functional.batch_norm, training=False)
-    m, v = random.normal(random.PRNGKey(7), (3,)), random.uniform(random.PRNGKey(8), (3,))
-    op = ab.from_torch(lambda x, w, b, *, m, v: f(x, m, v, w, b))
-    for shape in [(2, 3), (2, 3, 5), (2, 3, 5, 7)]:
-        x, w, b = (random.normal(k, s) for k, s in zip(random.split(random.PRNGKey(9), 3),
-                                                       [shape, (3,), (3,)]))
-        want = lambda x, w, b: f(x, _t(m), _t(v), w, b)
-        assert_close(jax.jit(op)(x, w, b, m=m, v=v), want(_t(x), _t(w), _t(b)).numpy())
-        got = jax.grad(lambda *a: (op(*a, m=m, v=v) ** 2).sum(), argnums=(0, 1, 2))(x, w, b)
-        ref = torch.func.grad(lambda *a: (want(*a) ** 2).sum(), argnums=(0, 1, 2))(
-            _t(x), _t(w), _t(b))
-        for g, r in zip(got, ref):
-            assert_close(g, r.numpy())
+def _bn_train(input, running_mean, running_var, weight, bias):
+    # torch2jax's f: training=True updates running_mean and running_var in place
+    running_var = running_var.pow(2)
+    out = torch.nn.functional.batch_norm(input, running_mean, running_var, weight=weight,
+                                         bias=bias, training=True)
+    return out, running_mean, running_var
 
-    def g(input, running_mean, running_var, weight, bias):
-        # training=True updates running_mean and running_var in place: on private copies
-        running_var = running_var.pow(2)
-        out = torch.nn.functional.batch_norm(input, running_mean, running_var, weight=weight,
-                                             bias=bias, training=True)
-        return torch.cat([out.flatten(), running_mean.flatten(), running_var.flatten()])
-    for shape in [(2, 3), (2, 3, 5)]:
-        inputs = [random.normal(k, s) for k, s in zip(random.split(random.PRNGKey(1), 5),
-                                                      [shape, (3,), (3,), (3,), (3,)])]
-        kept = [np.array(a) for a in inputs]
-        assert_close(ab.from_torch(g)(*inputs), g(*map(_t, kept)).numpy())
-        for a, k in zip(inputs, kept):
-            np.testing.assert_array_equal(np.asarray(a), k)
+
+def _bn_inputs(shape, seed):
+    keys = random.split(random.PRNGKey(seed), 5)
+    x, m, v, w, b = (random.normal(k, s) for k, s in zip(keys, [shape] + [(3,)] * 4))
+    return x, m, jnp.abs(v) + 0.5, w, b
+
+
+def _bn_torch_grads(f, inputs, argnums):
+    """torch's own autograd: the gradient of the mean of every output entry (torch2jax's
+    backward_test), with only ``argnums`` requiring grad."""
+    ts = [_t(a).requires_grad_(i in argnums) for i, a in enumerate(inputs)]
+    outs = f(*ts)
+    torch.cat([o.flatten() for o in torch.utils._pytree.tree_leaves(outs)]).mean().backward()
+    return [ts[i].grad.numpy() for i in argnums]
+
+
+# tests/test_torch_nn.py::test_torch_nn_functional_batch_norm
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_torch_nn_functional_batch_norm(mode):
+    """torch2jax's test, all five inputs positional. The running statistics are batch
+    norm's buffers: torch defines no derivative through them (its batch_norm refuses
+    one) and records none for its in-place update of them. Gradients in every input
+    are asked for (torch2jax asks only for input, weight and bias, as torch refuses the
+    rest): those three match torch's own autograd, and the statistics' own come out as
+    torch's autograd gives them on detached statistics, with no error."""
+    eval_bn = functools.partial(torch.nn.functional.batch_norm, training=False)
+    for f, shapes in [(eval_bn, [(2, 3), (2, 3, 5), (2, 3, 5, 7)]),
+                      (_bn_train, [(2, 3), (2, 3, 5), (2, 3, 5, 7)])]:
+        op = ab.from_torch(f, mode=mode)
+        mean_of = lambda *a: jnp.concatenate(  # noqa: E731
+            [o.ravel() for o in jax.tree_util.tree_leaves(op(*a))]).mean()
+        for seed, shape in enumerate(shapes):
+            inputs = _bn_inputs(shape, seed)
+            kept = [np.array(a) for a in inputs]
+            want = f(*map(_t, kept))
+            for run in (op, jax.jit(op)):
+                for g, w in zip(jax.tree_util.tree_leaves(run(*inputs)), _torch_leaves(want),
+                                strict=True):
+                    assert_close(g, w)
+            for a, k in zip(inputs, kept):  # the caller's statistics never change
+                np.testing.assert_array_equal(np.asarray(a), k)
+            got = jax.grad(mean_of, argnums=(0, 1, 2, 3, 4))(*inputs)
+            for i, r in zip((0, 3, 4), _bn_torch_grads(f, inputs, (0, 3, 4))):
+                assert_close(got[i], r)
+            assert_close(jax.jit(jax.grad(mean_of, argnums=(0, 3, 4)))(*inputs),
+                         tuple(got[i] for i in (0, 3, 4)))
+            # the statistics: no derivative through batch_norm (zero in eval mode); in
+            # training mode the returned statistic keeps the derivative it had before
+            # torch's update: 1/n for the mean, 2·v/n for the squared variance
+            n = sum(np.size(o) for o in jax.tree_util.tree_leaves(op(*inputs)))
+            if f is eval_bn:
+                np.testing.assert_array_equal(np.asarray(got[1]), 0.0)
+                np.testing.assert_array_equal(np.asarray(got[2]), 0.0)
+            else:
+                assert_close(got[1], np.full(3, 1 / n))
+                assert_close(got[2], 2 * np.asarray(inputs[2]) / n)
+            # forward mode agrees with reverse mode in every input (transpose identity),
+            # and the normalised output with central differences along input, weight and
+            # bias (the updated statistics depend on the input with no derivative recorded)
+            dargs = tree_randn_like(inputs, seed)
+            out, tangent = jax.jvp(op, inputs, dargs)
+            ybar = tree_randn_like(out, seed + 100)
+            xbar = jax.vjp(op, *inputs)[1](ybar)
+            np.testing.assert_allclose(tree_inner(ybar, tangent), tree_inner(xbar, dargs),
+                                       rtol=1e-9, atol=1e-9)
+            moved = tuple(d if i in (0, 3, 4) else jnp.zeros_like(d) for i, d in enumerate(dargs))
+            fd = tree_central_difference(op, inputs, moved)
+            first = lambda t: jax.tree_util.tree_leaves(t)[0]  # noqa: E731
+            assert_close(first(jax.jvp(op, inputs, moved)[1]), first(fd), rtol=1e-6,
+                         atol=1e-6)
 
 
 # tests/test_torch_nn.py::test_torch_nn_functional_prelu

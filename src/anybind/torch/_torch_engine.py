@@ -39,7 +39,7 @@ import torch
 from jax import tree_util
 from torch.autograd import forward_ad
 
-from . import _draws, _torch
+from . import _draws, _effects, _torch
 
 # ----------------------------------------------------------- arrays across
 
@@ -341,7 +341,9 @@ def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
         clone = seen.get("clone", False)
         for i, v in zip(idx, vs):
             full[i] = v.clone() if clone else v
-        outs, seen["tree"] = tree_util.tree_flatten(plain_tree(fn(*tree.unflatten(full), **kw)))
+        with _effects.Buffers():
+            out = fn(*tree.unflatten(full), **kw)
+        outs, seen["tree"] = tree_util.tree_flatten(plain_tree(out))
         seen["float"] = [_is_float(o) for o in outs]
         return tuple(o for o, f in zip(outs, seen["float"]) if f)
     return g
