@@ -581,3 +581,34 @@ def test_a_users_rule_on_a_random_op_gets_no_hidden_operand():
     g = jax.grad(lambda x: op(x).sum())(x)
     assert_close(g, np.ones(64))
     assert seen == [[]]
+
+
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_instance_norm_running_statistics_positional(mode):
+    """Probe: torch refuses a gradient in the running statistics of a norm; the vjp asked
+    for every input. Like batch_norm's, instance_norm's statistics are buffers: the
+    gradient in input, weight and bias is torch's own, the statistics' is what the
+    function's other uses give (here the returned statistic, updated in place with no
+    derivative recorded: its own cotangent), the same in both modes, and the caller's
+    arrays keep their bits."""
+    def g(x, rm, rv, w, b):
+        out = torch.nn.functional.instance_norm(x, rm, rv, w, b, use_input_stats=True)
+        return out, rm
+    x, rm, w, b = (jnp.asarray(randn(s, seed=i)) for i, s in enumerate([(2, 3, 5), (3,),
+                                                                         (3,), (3,)]))
+    rv = jnp.asarray(0.5 + np.abs(randn((3,), seed=9)))
+    ins = (x, rm, rv, w, b)
+    kept = [np.array(a) for a in ins]
+    op = ab.from_torch(g, mode=mode)
+    loss = lambda *a: sum((o ** 2).sum() for o in op(*a))  # noqa: E731
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*ins)
+    ts = [torch.from_numpy(np.array(a)).requires_grad_(i in (0, 3, 4))
+          for i, a in enumerate(ins)]
+    out, new_rm = g(*ts)
+    ((out ** 2).sum() + (new_rm ** 2).sum()).backward()
+    for i in (0, 3, 4):
+        assert_close(got[i], ts[i].grad.numpy())
+    assert_close(got[1], 2 * new_rm.detach().numpy())  # d Σ rm_new² through rm_new = rm
+    np.testing.assert_array_equal(np.asarray(got[2]), 0.0)
+    for a, k in zip(ins, kept):
+        np.testing.assert_array_equal(np.asarray(a), k)
