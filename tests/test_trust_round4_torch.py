@@ -7,6 +7,7 @@ and transformations of the calls: f(x) = dropout(x, ½)·x has ∂f/∂x = 4x·m
 mask (the value is 2x²·m). Writes: the caller's array is compared bit for bit. Module
 state: the wrapped module's ``state_dict()`` is compared bit for bit.
 """
+import functools
 import pickle
 import threading
 
@@ -523,13 +524,16 @@ def test_a_pickled_op_keeps_the_rule_in_a_fresh_process(tmp_path):
 
 # ------------------------------------------- plain host code that calls torch
 
-@pytest.mark.parametrize("wrap", ["from_numpy", "from_dlpack", "as_tensor", "asarray"])
+@pytest.mark.parametrize("wrap", ["from_numpy", "from_dlpack", "as_tensor", "asarray",
+                                  "utils.dlpack.from_dlpack"])
 def test_host_code_wrapping_its_input_with_torch_cannot_write_it(wrap):
+    import torch.utils.dlpack  # noqa: F401  (torch.utils.dlpack.from_dlpack)
+
     def host(x):
-        t = getattr(torch, wrap)(x)
+        t = functools.reduce(getattr, wrap.split("."), torch)(x)
         t.mul_(3)  # into what torch wrapped: a private copy
         return t.numpy() + 1
-    op = ab.bind(host, shape=ab.like(0), name=f"host_{wrap}")
+    op = ab.bind(host, shape=ab.like(0), name=f"host_{wrap.replace('.', '_')}")
     for run in (op, jax.jit(op)):
         x = jnp.arange(4.0)
         got = run(x)
