@@ -372,6 +372,34 @@ def test_tree_coerce_gradients(mode):
     assert_close(batched[0].a.a[1], op(2 * x, w)[0].a.a)
 
 
+class _Pair:
+    """A class torch's pytrees know through register_pytree_node, with a list context."""
+
+    def __init__(self, first, second, names):
+        self.first, self.second, self.names = first, second, names
+
+
+torch.utils._pytree.register_pytree_node(
+    _Pair, lambda p: ([p.first, p.second], list(p.names)),
+    lambda children, names: _Pair(*children, names))
+
+
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_tree_coerce_custom_node(mode):
+    """Beyond torch2jax's test: a node registered with register_pytree_node (its context
+    a list, which JAX's aux data must hash) comes out as itself, under jit (twice: the
+    cache) and grad."""
+    op = ab.from_torch(lambda x: _Pair(x.exp(), x.sum(), ["e", "s"]), mode=mode)
+    x = random.normal(random.PRNGKey(3), (4,))
+    for _ in range(2):
+        got = jax.jit(op)(x)
+        assert isinstance(got, _Pair) and got.names == ["e", "s"]
+        assert_close(got.first, np.exp(np.asarray(x)))
+    g = jax.jit(jax.grad(lambda x: op(x).first.sum() + 3 * op(x).second))(x)
+    assert_close(g, np.exp(np.asarray(x)) + 3)
+    check_first_order(op, (x,))
+
+
 def test_tree_coerce_refused():
     """An output no JAX pytree of arrays holds is an error naming the op, the output and
     what it is."""

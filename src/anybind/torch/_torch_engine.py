@@ -201,15 +201,12 @@ def jax_tree(out, number: Callable):
         return out
     if isinstance(out, (bool, int, float, complex, np.generic)):
         return number(out)
-    if isinstance(out, tuple):
-        if type(out) is not tuple and not hasattr(out, "_fields"):  # a structseq
-            return tuple(jax_tree(o, number) for o in out)
-        if type(out) is tuple or hasattr(out, "_fields"):
-            items = [jax_tree(o, number) for o in out]
-            return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
-    if type(out) is list:
+    if isinstance(out, tuple):  # a named tuple stays one; a structseq becomes a tuple
+        items = [jax_tree(o, number) for o in out]
+        return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
+    if isinstance(out, list):
         return [jax_tree(o, number) for o in out]
-    if type(out) is dict:
+    if isinstance(out, dict):
         return {k: jax_tree(v, number) for k, v in out.items()}
     if out is None or not _jax_node(out):
         return out
