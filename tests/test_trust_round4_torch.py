@@ -616,3 +616,29 @@ def test_instance_norm_running_statistics_positional(mode):
     np.testing.assert_array_equal(np.asarray(got[2]), 0.0)
     for a, k in zip(ins, kept):
         np.testing.assert_array_equal(np.asarray(a), k)
+
+
+def test_a_derivative_retried_on_copies_draws_the_values_draws():
+    """Probe: a function that draws and then writes into its input. torch.func refuses
+    the write, and the derivative runs again on copies; that second run must draw what
+    the value drew, not what follows the failed run's draws. f = dropout(x)·(2x) = 4x²·m
+    (x written to 2x after the draw), so ∂f/∂x = 8x·m, zero exactly where f is."""
+    def f(x):
+        y = torch.nn.functional.dropout(x, 0.5)
+        x.mul_(2)
+        return y * x
+    op = ab.from_torch(f, name="draw_then_write")
+    x = _x()
+    y, pb = jax.vjp(op, x)
+    m = np.asarray(y) != 0
+    assert 0 < m.sum() < 64
+    assert_close(pb(jnp.ones(64))[0], np.where(m, 8 * np.asarray(x), 0.0))
+    y, t = jax.jvp(op, (x,), (jnp.ones(64),))
+    assert_close(t, np.where(np.asarray(y) != 0, 8 * np.asarray(x), 0.0))
+    for run in (jax.jit(jax.value_and_grad(lambda x: op(x).sum())),
+                jax.value_and_grad(lambda x: op(x).sum())):
+        v, g = run(x)
+        nz = np.asarray(g) != 0
+        assert 0 < nz.sum() < 64
+        assert_close(np.asarray(g)[nz], 8 * np.asarray(x)[nz])
+        assert_close(float(v), float(np.sum(4 * np.asarray(x)[nz] ** 2)))

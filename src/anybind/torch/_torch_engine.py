@@ -372,13 +372,14 @@ def _tangents(fn, g, xs, ts, seen: dict) -> tuple:
         try:
             return _by_forward_ad(g, xs, ts)
         except RuntimeError:  # code that takes torch.func transforms itself
-            pass
+            _draws.rewind()  # (each run draws what the value drew)
     try:
         return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
     except RuntimeError:
         # what torch.func refuses: a write into an input (done on copies, then), an
         # autograd.Function without setup_context (plain forward AD, where no level is open)
         seen["clone"] = True
+        _draws.rewind()
         if _torch.dual_level() >= 0 or _torch.transforms_active():
             return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
         return _by_forward_ad(g, xs, ts)
@@ -398,7 +399,7 @@ def _cotangents(fn, g, xs, cts_of: Callable, seen: dict) -> tuple:
         try:
             return _by_autograd(g, xs, cts_of)
         except RuntimeError:  # code that takes torch.func transforms itself
-            pass
+            _draws.rewind()  # (each run draws what the value drew)
     try:
         _, pullback = torch.func.vjp(g, *xs)
         return pullback(cts_of())
@@ -407,6 +408,7 @@ def _cotangents(fn, g, xs, cts_of: Callable, seen: dict) -> tuple:
         # autograd.Function without setup_context (plain autograd, as torch's double
         # backward, keeping the graph where an outer plain autograd differentiates this)
         seen["clone"] = True
+        _draws.rewind()
         if _torch.transforms_active():
             _, pullback = torch.func.vjp(g, *xs)
             return pullback(cts_of())
