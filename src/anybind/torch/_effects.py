@@ -100,11 +100,12 @@ class NoData(torch.overrides.TorchFunctionMode):
 
 
 class Buffers(torch.overrides.TorchFunctionMode):
-    """Derivative runs: the running statistics of batch and instance norms go to torch
-    detached. torch defines no derivative through them (its kernels refuse an argument
-    there that requires grad, or carries a tangent) and records none for their update
-    in place, which lands in the same memory; so torch's derivative in every other
-    input is unchanged, and a statistic keeps what derivative it had before the update."""
+    """Derivative runs that torch refused once: the running statistics of batch and
+    instance norms go to torch detached. torch defines no derivative through them
+    (its kernels refuse an argument there that requires grad, or carries a tangent)
+    and records none for their update in place, which lands in the same memory; so
+    torch's derivative in every other input is unchanged, and a statistic keeps what
+    derivative it had before the update."""
 
     _AT = {torch.batch_norm: (3, 4), torch.instance_norm: (3, 4),
            torch.nn.functional.batch_norm: (1, 2), torch.nn.functional.instance_norm: (1, 2)}

@@ -28,6 +28,7 @@ leaves.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import threading
@@ -332,13 +333,15 @@ def _collect(ts: list, convert: Callable, kinds) -> Callable:
 def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
     """g(*v): fn with the leaves at ``idx`` replaced by v, its floating output leaves.
     With ``seen["clone"]`` set, fn gets copies of v (for code that writes into its inputs,
-    which autograd refuses on the inputs themselves)."""
+    which autograd refuses on the inputs themselves), and runs with the running
+    statistics of norms detached (``_effects.Buffers``: torch refuses them requiring
+    grad), both set when a first run failed (no per-op cost where nothing fails)."""
     def g(*vs):
         full = list(leaves)
         clone = seen.get("clone", False)
         for i, v in zip(idx, vs):
             full[i] = v.clone() if clone else v
-        with _effects.Buffers():
+        with _effects.Buffers() if clone else contextlib.nullcontext():
             out = fn(*tree.unflatten(full), **kw)
         outs, seen["tree"] = tree_util.tree_flatten(plain_tree(out))
         seen["float"] = [_is_float(o) for o in outs]
@@ -371,12 +374,13 @@ def _tangents(fn, g, xs, ts, seen: dict) -> tuple:
     if _plain(fn, [*xs, *ts]):
         try:
             return _by_forward_ad(g, xs, ts)
-        except RuntimeError:  # code that takes torch.func transforms itself
-            _draws.rewind()  # (each run draws what the value drew)
+        except RuntimeError:  # code that takes torch.func transforms itself (or that
+            _draws.rewind()   # torch refuses, tried again below); each run draws alike
     try:
         return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
     except RuntimeError:
-        # what torch.func refuses: a write into an input (done on copies, then), an
+        # what torch.func refuses: a write into an input (done on copies, then), a norm's
+        # running statistic that carries a tangent (detached, then), an
         # autograd.Function without setup_context (plain forward AD, where no level is open)
         seen["clone"] = True
         _draws.rewind()
@@ -398,13 +402,14 @@ def _cotangents(fn, g, xs, cts_of: Callable, seen: dict) -> tuple:
     if _plain(fn, xs):
         try:
             return _by_autograd(g, xs, cts_of)
-        except RuntimeError:  # code that takes torch.func transforms itself
-            _draws.rewind()  # (each run draws what the value drew)
+        except RuntimeError:  # code that takes torch.func transforms itself (or that
+            _draws.rewind()   # torch refuses, tried again below); each run draws alike
     try:
         _, pullback = torch.func.vjp(g, *xs)
         return pullback(cts_of())
     except RuntimeError:
-        # what torch.func refuses: a write into an input (done on copies, then), an
+        # what torch.func refuses: a write into an input (done on copies, then), a norm's
+        # running statistic that requires grad (detached, then), an
         # autograd.Function without setup_context (plain autograd, as torch's double
         # backward, keeping the graph where an outer plain autograd differentiates this)
         seen["clone"] = True
