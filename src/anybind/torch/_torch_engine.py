@@ -316,8 +316,9 @@ class TorchDevice(TorchHost):
             args, kw = over((args, kw), _collect(ts, lambda a: torch.from_dlpack(a.copy()),
                                                  cupy.ndarray))
             out = self.fn(*args, **kw)
-            return over(plain_tree(out), lambda t: cupy.from_dlpack(t.detach())
-                        if isinstance(t, torch.Tensor) else t)
+            return over(plain_tree(out), lambda t: cupy.from_dlpack(
+                (t if t.is_cuda else t.cuda()).detach())  # (a number: a 0-d CPU tensor)
+                if isinstance(t, torch.Tensor) else t)
 
 
 def _collect(ts: list, convert: Callable, kinds) -> Callable:
