@@ -9,6 +9,8 @@ counterpart (torch code draws from torch's generator), so the dropout port check
 what holds for torch's draws. Values are checked against torch, gradients against
 torch's own autograd.
 """
+import collections
+import dataclasses
 import functools
 
 import jax
@@ -19,7 +21,13 @@ import torch
 from jax import random
 
 import anybind as ab
-from helpers import assert_close
+from helpers import (
+    assert_close,
+    check_first_order,
+    tree_central_difference,
+    tree_inner,
+    tree_randn_like,
+)
 
 pytestmark = pytest.mark.slow  # a ported suite: torch2jax's own tests
 
@@ -194,37 +202,83 @@ def _function_test(f, input_shapes, atol, num_tests=3, argnums=None):
             assert_close(g, r.numpy(), rtol=atol, atol=atol)
 
 
-# tests/test_torch_nn.py::test_torch_nn_functional_batch_norm
-def test_torch_nn_functional_batch_norm():
-    # the running statistics, which torch refuses to differentiate, are keyword operands
-    # (anybind's non-differentiable inputs) rather than positional ones
-    f = functools.partial(torch.nn.functional.batch_norm, training=False)
-    m, v = random.normal(random.PRNGKey(7), (3,)), random.uniform(random.PRNGKey(8), (3,))
-    op = ab.from_torch(lambda x, w, b, *, m, v: f(x, m, v, w, b))
-    for shape in [(2, 3), (2, 3, 5), (2, 3, 5, 7)]:
-        x, w, b = (random.normal(k, s) for k, s in zip(random.split(random.PRNGKey(9), 3),
-                                                       [shape, (3,), (3,)]))
-        want = lambda x, w, b: f(x, _t(m), _t(v), w, b)
-        assert_close(jax.jit(op)(x, w, b, m=m, v=v), want(_t(x), _t(w), _t(b)).numpy())
-        got = jax.grad(lambda *a: (op(*a, m=m, v=v) ** 2).sum(), argnums=(0, 1, 2))(x, w, b)
-        ref = torch.func.grad(lambda *a: (want(*a) ** 2).sum(), argnums=(0, 1, 2))(
-            _t(x), _t(w), _t(b))
-        for g, r in zip(got, ref):
-            assert_close(g, r.numpy())
+def _bn_train(input, running_mean, running_var, weight, bias):
+    # torch2jax's f: training=True updates running_mean and running_var in place
+    running_var = running_var.pow(2)
+    out = torch.nn.functional.batch_norm(input, running_mean, running_var, weight=weight,
+                                         bias=bias, training=True)
+    return out, running_mean, running_var
 
-    def g(input, running_mean, running_var, weight, bias):
-        # training=True updates running_mean and running_var in place: on private copies
-        running_var = running_var.pow(2)
-        out = torch.nn.functional.batch_norm(input, running_mean, running_var, weight=weight,
-                                             bias=bias, training=True)
-        return torch.cat([out.flatten(), running_mean.flatten(), running_var.flatten()])
-    for shape in [(2, 3), (2, 3, 5)]:
-        inputs = [random.normal(k, s) for k, s in zip(random.split(random.PRNGKey(1), 5),
-                                                      [shape, (3,), (3,), (3,), (3,)])]
-        kept = [np.array(a) for a in inputs]
-        assert_close(ab.from_torch(g)(*inputs), g(*map(_t, kept)).numpy())
-        for a, k in zip(inputs, kept):
-            np.testing.assert_array_equal(np.asarray(a), k)
+
+def _bn_inputs(shape, seed):
+    keys = random.split(random.PRNGKey(seed), 5)
+    x, m, v, w, b = (random.normal(k, s) for k, s in zip(keys, [shape] + [(3,)] * 4))
+    return x, m, jnp.abs(v) + 0.5, w, b
+
+
+def _bn_torch_grads(f, inputs, argnums):
+    """torch's own autograd: the gradient of the mean of every output entry (torch2jax's
+    backward_test), with only ``argnums`` requiring grad."""
+    ts = [_t(a).requires_grad_(i in argnums) for i, a in enumerate(inputs)]
+    outs = f(*ts)
+    torch.cat([o.flatten() for o in torch.utils._pytree.tree_leaves(outs)]).mean().backward()
+    return [ts[i].grad.numpy() for i in argnums]
+
+
+# tests/test_torch_nn.py::test_torch_nn_functional_batch_norm
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_torch_nn_functional_batch_norm(mode):
+    """torch2jax's test, all five inputs positional. The running statistics are batch
+    norm's buffers: torch defines no derivative through them (its batch_norm refuses
+    one) and records none for its in-place update of them. Gradients in every input
+    are asked for (torch2jax asks only for input, weight and bias, as torch refuses the
+    rest): those three match torch's own autograd, and the statistics' own come out as
+    torch's autograd gives them on detached statistics, with no error."""
+    eval_bn = functools.partial(torch.nn.functional.batch_norm, training=False)
+    for f, shapes in [(eval_bn, [(2, 3), (2, 3, 5), (2, 3, 5, 7)]),
+                      (_bn_train, [(2, 3), (2, 3, 5), (2, 3, 5, 7)])]:
+        op = ab.from_torch(f, mode=mode)
+        mean_of = lambda *a: jnp.concatenate(  # noqa: E731
+            [o.ravel() for o in jax.tree_util.tree_leaves(op(*a))]).mean()
+        for seed, shape in enumerate(shapes):
+            inputs = _bn_inputs(shape, seed)
+            kept = [np.array(a) for a in inputs]
+            want = f(*map(_t, kept))
+            for run in (op, jax.jit(op)):
+                for g, w in zip(jax.tree_util.tree_leaves(run(*inputs)), _torch_leaves(want),
+                                strict=True):
+                    assert_close(g, w)
+            for a, k in zip(inputs, kept):  # the caller's statistics never change
+                np.testing.assert_array_equal(np.asarray(a), k)
+            got = jax.grad(mean_of, argnums=(0, 1, 2, 3, 4))(*inputs)
+            for i, r in zip((0, 3, 4), _bn_torch_grads(f, inputs, (0, 3, 4))):
+                assert_close(got[i], r)
+            assert_close(jax.jit(jax.grad(mean_of, argnums=(0, 3, 4)))(*inputs),
+                         tuple(got[i] for i in (0, 3, 4)))
+            # the statistics: no derivative through batch_norm (zero in eval mode); in
+            # training mode the returned statistic keeps the derivative it had before
+            # torch's update: 1/n for the mean, 2·v/n for the squared variance
+            n = sum(np.size(o) for o in jax.tree_util.tree_leaves(op(*inputs)))
+            if f is eval_bn:
+                np.testing.assert_array_equal(np.asarray(got[1]), 0.0)
+                np.testing.assert_array_equal(np.asarray(got[2]), 0.0)
+            else:
+                assert_close(got[1], np.full(3, 1 / n))
+                assert_close(got[2], 2 * np.asarray(inputs[2]) / n)
+            # forward mode agrees with reverse mode in every input (transpose identity),
+            # and the normalised output with central differences along input, weight and
+            # bias (the updated statistics depend on the input with no derivative recorded)
+            dargs = tree_randn_like(inputs, seed)
+            out, tangent = jax.jvp(op, inputs, dargs)
+            ybar = tree_randn_like(out, seed + 100)
+            xbar = jax.vjp(op, *inputs)[1](ybar)
+            np.testing.assert_allclose(tree_inner(ybar, tangent), tree_inner(xbar, dargs),
+                                       rtol=1e-9, atol=1e-9)
+            moved = tuple(d if i in (0, 3, 4) else jnp.zeros_like(d) for i, d in enumerate(dargs))
+            fd = tree_central_difference(op, inputs, moved)
+            first = lambda t: jax.tree_util.tree_leaves(t)[0]  # noqa: E731
+            assert_close(first(jax.jvp(op, inputs, moved)[1]), first(fd), rtol=1e-6,
+                         atol=1e-6)
 
 
 # tests/test_torch_nn.py::test_torch_nn_functional_prelu
@@ -244,3 +298,115 @@ def test_torch_nn_functional_scaled_dot_product_attention():
             q, k, v, e, heads, ipw, ipb, None, None, False, 0.0, opw, opb, training=False,
             need_weights=False)[0],
         [(3, 1, 6)] * 3 + [(3 * e, e), (3 * e,), (e, e), (e,)], 1e-10)
+
+
+# the classes of test_tree_coerce, registered with torch's pytrees only
+@dataclasses.dataclass
+class _A:
+    a: torch.Tensor
+
+
+@dataclasses.dataclass
+class _B:
+    a: _A
+    b: int
+
+
+torch.utils._pytree.register_dataclass(_A)
+torch.utils._pytree.register_dataclass(_B)
+
+
+def _torch_leaves(tree) -> list:
+    return [np.asarray(l) for l in torch.utils._pytree.tree_leaves(tree)]
+
+
+# tests/test_core.py::test_tree_coerce (torch2jax's main branch)
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_tree_coerce(mode):
+    """Structseqs come out as tuples, torch-registered dataclasses as the same classes
+    (now JAX pytrees too), Python numbers as the arrays jax.jit makes of them."""
+    def f():
+        t1 = torch.return_types.max([1, torch.ones(3)])
+        t2 = torch.return_types.topk([3.0, t1])
+        t3 = _A(torch.ones(3, 2))
+        t4 = _B(t3, 7)
+        return (t2, t3, t4)
+
+    op = ab.from_torch(f, mode=mode)
+    want = f()
+    for got in (jax.jit(op)(), op()):
+        assert isinstance(got[1], _A) and isinstance(got[2], _B)
+        assert isinstance(got[2].a, _A) and type(got[0]) is tuple
+        leaves = jax.tree_util.tree_leaves(got)
+        assert len(leaves) == len(_torch_leaves(want)) == 6
+        for g, w in zip(leaves, _torch_leaves(want)):
+            assert_close(g, w)
+        assert got[2].b.dtype == np.int64 and got[0][0].dtype == np.float64  # x64 on
+
+
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_tree_coerce_gradients(mode):
+    """Values and derivatives through a dataclass output holding tensors, a structseq and
+    a number: central differences, the transpose identity, and torch's autograd."""
+    def f(x, w):
+        m = torch.max(x * w, dim=0)
+        return _B(_A(torch.sin(x) @ w), 2), (m, 1.5)
+
+    x, w = random.normal(random.PRNGKey(0), (4, 3)), random.normal(random.PRNGKey(1), (3,))
+    op = ab.from_torch(f, mode=mode)
+    got = op(x, w)
+    want = f(_t(x), _t(w))
+    for g, r in zip(jax.tree_util.tree_leaves(got), _torch_leaves(want), strict=True):
+        assert_close(g, r)
+    check_first_order(op, (x, w))
+    check_first_order(jax.jit(op), (x, w))
+    loss = lambda o: (o[0].a.a ** 2).sum() + o[1][0][0].sum()  # noqa: E731
+    gx, gw = jax.jit(jax.grad(lambda x, w: loss(op(x, w)), argnums=(0, 1)))(x, w)
+    tx, tw = _t(x).requires_grad_(), _t(w).requires_grad_()
+    out = f(tx, tw)
+    ((out[0].a.a ** 2).sum() + out[1][0][0].sum()).backward()
+    assert_close(gx, tx.grad.numpy())
+    assert_close(gw, tw.grad.numpy())
+    batched = jax.vmap(op, in_axes=(0, None))(jnp.stack([x, 2 * x]), w)
+    assert isinstance(batched[0], _B)
+    assert_close(batched[0].a.a[1], op(2 * x, w)[0].a.a)
+
+
+class _Pair:
+    """A class torch's pytrees know through register_pytree_node, with a list context."""
+
+    def __init__(self, first, second, names):
+        self.first, self.second, self.names = first, second, names
+
+
+torch.utils._pytree.register_pytree_node(
+    _Pair, lambda p: ([p.first, p.second], list(p.names)),
+    lambda children, names: _Pair(*children, names))
+
+
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_tree_coerce_custom_node(mode):
+    """Beyond torch2jax's test: a node registered with register_pytree_node (its context
+    a list, which JAX's aux data must hash) comes out as itself, under jit (twice: the
+    cache) and grad."""
+    op = ab.from_torch(lambda x: _Pair(x.exp(), x.sum(), ["e", "s"]), mode=mode)
+    x = random.normal(random.PRNGKey(3), (4,))
+    for _ in range(2):
+        got = jax.jit(op)(x)
+        assert isinstance(got, _Pair) and got.names == ["e", "s"]
+        assert_close(got.first, np.exp(np.asarray(x)))
+    g = jax.jit(jax.grad(lambda x: op(x).first.sum() + 3 * op(x).second))(x)
+    assert_close(g, np.exp(np.asarray(x)) + 3)
+    check_first_order(op, (x,))
+
+
+def test_tree_coerce_refused():
+    """An output no JAX pytree of arrays holds is an error naming the op, the output and
+    what it is."""
+    x = np.ones(3)
+    op = ab.from_torch(lambda x: (x, collections.deque([x])), name="queue")
+    with pytest.raises(TypeError, match=r"'queue'.*output \[1\] is a collections.deque"):
+        op(x)
+    op = ab.from_torch(lambda x: {"y": x, "tag": "label"}, name="tagged")
+    with pytest.raises(TypeError, match=r"'tagged'.*output \['tag'\] is a builtins.str"):
+        op(x)

@@ -199,10 +199,42 @@ def test_rule_calling_its_own_op_on_a_stack(traced):
     check_first_order(lambda x: op(x, a=2.0), (x,))
 
 
+def test_rule_calling_its_own_op_on_its_own_shapes_closes_over_tracers():
+    """A rule that calls its op on the call's own inputs (d a·sin(x) = a·sin(x + π/2) dx)
+    while the op closes over a jit tracer or a vmap tracer (a): the inner calls take
+    the closed-over value as an operand; every order in x is right, against a·sin."""
+    def op_of(a):
+        op = ab.bind(lambda x: a * jnp.sin(x), traced=True, name="s_same")
+
+        @op.def_jvp(traced=True)
+        def _(primals, tangents):
+            (x,), (t,) = primals, tangents
+            return op(x + np.pi / 2) * t
+        return op
+
+    def derivative(a, x, order):  # the order-th derivative along ones, by nested jvps
+        g = op_of(a)
+        for _ in range(order):
+            g = (lambda g: lambda x: jax.jvp(g, (x,), (jnp.ones_like(x),))[1])(g)
+        return g(x)
+    x = randn((5,))
+    for order in range(4):
+        want = lambda a: a * np.sin(x + order * np.pi / 2)  # noqa: E731
+        assert_close(jax.jit(derivative, static_argnums=2)(2.0, x, order), want(2.0))
+        assert_close(jax.vmap(derivative, (0, None, None))(jnp.array([2.0, 3.0]), x, order),
+                     np.stack([want(2.0), want(3.0)]))
+    check_first_order(lambda x: jax.jit(lambda a, x: op_of(a)(x))(2.0, x), (x,))
+    hess = jax.jit(lambda a, x: jax.hessian(lambda x: op_of(a)(x).sum())(x))(2.0, x)
+    assert_close(hess, np.diag(-2.0 * np.sin(x)))
+
+
 def test_rule_calling_its_own_op_may_not_close_over_tracers():
-    """Its inner calls are not converted, so closing over a traced value is a clear
-    error at the call (a keyword operand, as above, is the way)."""
+    """Its inner calls are on other shapes (a stack), which would each need a conversion
+    of their own, so closing over a traced value is a clear error at the call naming
+    both shapes (a keyword operand, as above, is the way)."""
     f = jax.jit(lambda a, x: _self_calling(lambda x: a * jnp.sin(x), traced=True)(x))
-    with pytest.raises(TypeError, match="s_stack' is called by its own rules and its "
-                                        "traced code closes over 1 traced value"):
+    with pytest.raises(TypeError, match=r"s_stack' is called by its own rules on inputs "
+                                        r"\(float64\[1, 5\]\) other than those of the call "
+                                        r"being traced \(float64\[5\]\), and its traced code "
+                                        r"closes over 1 traced value"):
         f(2.0, randn((5,)))

@@ -484,31 +484,44 @@ def test_fun_with_nested_calls_2():
 
 # ports CustomJVPTest.test_closure_with_vmap
 def test_closure_with_vmap():
-    # anybind differs on purpose: an op whose rule calls the op itself (f inside f_jvp)
-    # cannot close over a tracer of an enclosing transformation (here the vmap tracer
-    # seed), because the closed-over values are hoisted into operands of the op's calls,
-    # and a call from inside its own rule is not one of those. anybind raises a
-    # TypeError naming the op and the remedy; pass seed as a keyword operand instead.
-    alpha = np.float64(2.)  # JAX runs this without x64: a float32 gamma
-
-    def sample(seed):
+    # the op's rule calls the op itself (f inside f_jvp) while both close over a vmap
+    # tracer (seed): the inner call takes the closed-over key as an operand
+    def sample(seed, alpha):
         def f_jvp(p, t):
             return lax.random_gamma_grad(p[0], f(p[0])) * t[0]
         f = custom_jvp(lambda a: jax.random.gamma(seed, a, shape=[]), f_jvp, name="gamma")
         return f(alpha)
     keys = jax.random.split(jax.random.key(1), 3)
-    with pytest.raises(TypeError, match="'gamma' is called by its own rules and its traced "
-                                        "code closes over 1 traced value"):
-        jax.vmap(sample)(keys)
+    alpha = np.float64(2.)  # JAX runs this without x64: a float32 gamma
+    ref = lambda k, a: jax.random.gamma(k, a, shape=[])  # noqa: E731
+    assert_close(jax.vmap(sample, (0, None))(keys, alpha), jax.vmap(ref, (0, None))(keys, alpha))
+    # beyond JAX's test (which only runs it): the rule's derivative, under vmap, jit and
+    # grad, against JAX's own derivative of the gamma sampler (the same implicit one)
+    for run in (jax.vmap(jax.grad(sample, 1), (0, None)),
+                jax.jit(jax.vmap(jax.grad(sample, 1), (0, None))),
+                jax.grad(lambda a: jax.vmap(sample, (0, None))(keys, a).sum())):
+        want = jax.vmap(jax.grad(ref, 1), (0, None))(keys, alpha)
+        got = run(keys, alpha) if run.__name__ != "<lambda>" else run(alpha)
+        assert_close(got, want if np.ndim(got) else want.sum())
+    _, tangents = jax.jvp(lambda a: jax.vmap(sample, (0, None))(keys, a), (alpha,), (1.5,))
+    assert_close(tangents, 1.5 * jax.vmap(jax.grad(ref, 1), (0, None))(keys, alpha))
 
-    def sample_kw(seed):  # the remedy: the key as a keyword operand
-        def f_jvp(p, t, *, seed):
-            return lax.random_gamma_grad(p[0], f(p[0], seed=seed)) * t[0]
-        f = custom_jvp(lambda a, *, seed: jax.random.gamma(seed, a, shape=[]), f_jvp,
-                       name="gamma")
-        return f(alpha, seed=seed)
-    assert_close(jax.vmap(sample_kw)(keys),
-                 jax.vmap(lambda k: jax.random.gamma(k, alpha, shape=[]))(keys))
+
+def test_closure_with_vmap_other_shapes_refused():
+    """A rule that calls its op on other inputs than the call's (here a stack of two),
+    while the op closes over a vmap tracer: refused, naming the op and both signatures."""
+    def sample(seed):
+        def f_jvp(p, t):
+            both = f(jnp.stack([p[0], p[0]]))
+            return both[0] * t[0]
+        f = custom_jvp(lambda a: a * jax.random.uniform(seed, jnp.shape(a)), f_jvp,
+                       name="scaled")
+        return f(jnp.float64(2.))
+    keys = jax.random.split(jax.random.key(1), 3)
+    with pytest.raises(TypeError, match=r"'scaled' is called by its own rules on inputs "
+                                        r"\(float64\[2\]\) other than those of the call "
+                                        r"being traced \(float64\[\]\)"):
+        jax.vmap(sample)(keys)
 
 
 # ports CustomJVPTest.test_closure_with_vmap2

@@ -7,6 +7,7 @@ and transformations of the calls: f(x) = dropout(x, ½)·x has ∂f/∂x = 4x·m
 mask (the value is 2x²·m). Writes: the caller's array is compared bit for bit. Module
 state: the wrapped module's ``state_dict()`` is compared bit for bit.
 """
+import functools
 import pickle
 import threading
 
@@ -523,13 +524,16 @@ def test_a_pickled_op_keeps_the_rule_in_a_fresh_process(tmp_path):
 
 # ------------------------------------------- plain host code that calls torch
 
-@pytest.mark.parametrize("wrap", ["from_numpy", "from_dlpack", "as_tensor", "asarray"])
+@pytest.mark.parametrize("wrap", ["from_numpy", "from_dlpack", "as_tensor", "asarray",
+                                  "utils.dlpack.from_dlpack"])
 def test_host_code_wrapping_its_input_with_torch_cannot_write_it(wrap):
+    import torch.utils.dlpack  # noqa: F401  (torch.utils.dlpack.from_dlpack)
+
     def host(x):
-        t = getattr(torch, wrap)(x)
+        t = functools.reduce(getattr, wrap.split("."), torch)(x)
         t.mul_(3)  # into what torch wrapped: a private copy
         return t.numpy() + 1
-    op = ab.bind(host, shape=ab.like(0), name=f"host_{wrap}")
+    op = ab.bind(host, shape=ab.like(0), name=f"host_{wrap.replace('.', '_')}")
     for run in (op, jax.jit(op)):
         x = jnp.arange(4.0)
         got = run(x)
@@ -581,3 +585,60 @@ def test_a_users_rule_on_a_random_op_gets_no_hidden_operand():
     g = jax.grad(lambda x: op(x).sum())(x)
     assert_close(g, np.ones(64))
     assert seen == [[]]
+
+
+@pytest.mark.parametrize("mode", ["call", "translate"])
+def test_instance_norm_running_statistics_positional(mode):
+    """Probe: torch refuses a gradient in the running statistics of a norm; the vjp asked
+    for every input. Like batch_norm's, instance_norm's statistics are buffers: the
+    gradient in input, weight and bias is torch's own, the statistics' is what the
+    function's other uses give (here the returned statistic, updated in place with no
+    derivative recorded: its own cotangent), the same in both modes, and the caller's
+    arrays keep their bits."""
+    def g(x, rm, rv, w, b):
+        out = torch.nn.functional.instance_norm(x, rm, rv, w, b, use_input_stats=True)
+        return out, rm
+    x, rm, w, b = (jnp.asarray(randn(s, seed=i)) for i, s in enumerate([(2, 3, 5), (3,),
+                                                                         (3,), (3,)]))
+    rv = jnp.asarray(0.5 + np.abs(randn((3,), seed=9)))
+    ins = (x, rm, rv, w, b)
+    kept = [np.array(a) for a in ins]
+    op = ab.from_torch(g, mode=mode)
+    loss = lambda *a: sum((o ** 2).sum() for o in op(*a))  # noqa: E731
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*ins)
+    ts = [torch.from_numpy(np.array(a)).requires_grad_(i in (0, 3, 4))
+          for i, a in enumerate(ins)]
+    out, new_rm = g(*ts)
+    ((out ** 2).sum() + (new_rm ** 2).sum()).backward()
+    for i in (0, 3, 4):
+        assert_close(got[i], ts[i].grad.numpy())
+    assert_close(got[1], 2 * new_rm.detach().numpy())  # d Σ rm_new² through rm_new = rm
+    np.testing.assert_array_equal(np.asarray(got[2]), 0.0)
+    for a, k in zip(ins, kept):
+        np.testing.assert_array_equal(np.asarray(a), k)
+
+
+def test_a_derivative_retried_on_copies_draws_the_values_draws():
+    """Probe: a function that draws and then writes into its input. torch.func refuses
+    the write, and the derivative runs again on copies; that second run must draw what
+    the value drew, not what follows the failed run's draws. f = dropout(x)·(2x) = 4x²·m
+    (x written to 2x after the draw), so ∂f/∂x = 8x·m, zero exactly where f is."""
+    def f(x):
+        y = torch.nn.functional.dropout(x, 0.5)
+        x.mul_(2)
+        return y * x
+    op = ab.from_torch(f, name="draw_then_write")
+    x = _x()
+    y, pb = jax.vjp(op, x)
+    m = np.asarray(y) != 0
+    assert 0 < m.sum() < 64
+    assert_close(pb(jnp.ones(64))[0], np.where(m, 8 * np.asarray(x), 0.0))
+    y, t = jax.jvp(op, (x,), (jnp.ones(64),))
+    assert_close(t, np.where(np.asarray(y) != 0, 8 * np.asarray(x), 0.0))
+    for run in (jax.jit(jax.value_and_grad(lambda x: op(x).sum())),
+                jax.value_and_grad(lambda x: op(x).sum())):
+        v, g = run(x)
+        nz = np.asarray(g) != 0
+        assert 0 < nz.sum() < 64
+        assert_close(np.asarray(g)[nz], 8 * np.asarray(x)[nz])
+        assert_close(float(v), float(np.sum(4 * np.asarray(x)[nz] ** 2)))

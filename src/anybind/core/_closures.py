@@ -22,6 +22,9 @@ piece                  what it does
                        absent linear operands as zeros, unneeded outputs dropped
 ``check_host(op)``     host code cannot see tracers: a clear error at the call
 ``converting(op)``     whether the op's own code is being traced by ``convert``
+``nested(call)``       a call of the op from its own rule, traced by ``convert``: on
+                       the same signature, the outer call's closed-over values and
+                       conversion
 ``closes_over_nothing``  marks a traced rule that refers to no traced value (only
                        to ops and constants): ``convert`` leaves it untraced
 =====================  ==========================================================
@@ -30,7 +33,11 @@ A rule may call its own op on new shapes (a jvp that stacks tangents and calls
 the op on the stack). Tracing that rule calls the op again, and converting
 that call would trace the rule again on a larger stack, without end; so a call
 made while its op is being converted is not converted itself (``converting``).
-Such an op may not close over tracers: its inner calls would keep them.
+Where such an op closes over tracers, its rules are traced a second time, with
+each inner call on the signature being converted taking the same closed-over
+values as operands and sharing the conversion (``nested``): the tracers then
+appear as values the rule uses, and are hoisted with the rest. An inner call
+on another signature would need a conversion of its own, and is refused.
 
 Recorded on full operands, a ``symbolic_zeros`` rule of such an op sees zero
 arrays rather than ``None``. A tangent reaching a closed-over value is
@@ -135,28 +142,52 @@ def convert(call: Call) -> Call:
         del active[id(call.op)]
 
 
+def nested(call: Call) -> Call:
+    """A call of an op from inside its own rule while ``convert`` traces that rule.
+
+    On the signature being converted, it takes the outer call's closed-over values
+    as operands and shares its conversion (so tracing the rule records them as
+    values the rule uses, and they are hoisted with the rest); on another
+    signature it stays unconverted, and ``convert`` refuses the op if it closes
+    over anything."""
+    outer = _ACTIVE.__dict__.setdefault("outer", {}).get(id(call.op))
+    if outer is None:
+        return call
+    first, closed, converted, missed = outer
+    if first != call:
+        missed.append(call)
+        return call
+    return dataclasses.replace(call, kw_avals=call.kw_avals + tuple(map(to_aval, closed)),
+                               n_closure=len(closed), closed=closed, converted=converted)
+
+
 def _convert(call: Call, active: dict) -> Call:
     jaxprs: dict = {}
     closed: list = []
     index: dict = {}
-    for role in _pieces(call):
+    recursive = []  # the roles whose code calls the op itself
+
+    def trace(role: str) -> None:
         lin, need, avals = _full(role, call)
         rule = Rule(call.op.fn, True) if role == "primal" else getattr(call.op, f"{role}_rule")
         if role != "primal" and _find_tracer(rule.fn, "", 4, set()) is None:
-            continue  # a rule that closes over no tracer runs where it is used, as written
+            return  # a rule that closes over no tracer runs where it is used, as written
         run = traced_run(role, call, rule, lin, need)
+        active[id(call.op)] = False
         try:
             jaxpr = jax.make_jaxpr(run)(*[jax.ShapeDtypeStruct(a.shape, a.dtype)
                                           for a in avals])
         except Exception as e:
             if role == "primal":  # left to the function to raise again where it is used
-                continue
+                return
             raise TypeError(
                 f"anybind op '{call.op.name}': its traced {ROLE_NAMES[role]} closes over "
                 f"traced values of an enclosing transformation, so it is traced at the op's "
                 f"call with every tangent and cotangent present (zeros where they will be "
                 f"symbolic), and it raised {type(e).__name__}: {e}. Pass the values it closes "
                 f"over to the op as keyword operands instead") from e
+        if active[id(call.op)]:
+            recursive.append(role)
         consts, used = [], set()
         for c in jaxpr.consts:
             if isinstance(c, _jax.Tracer):
@@ -167,19 +198,46 @@ def _convert(call: Call, active: dict) -> Call:
                 used.add(int(c))
             consts.append(c)
         jaxprs[role] = (jaxpr.jaxpr, consts, frozenset(used))
+
+    for role in _pieces(call):
+        trace(role)
     if not closed:
         return call
+    converted = Converted(jaxprs)
+    missed: list = []
+    if recursive and not call.op.multilinear and call.op.shard is None:
+        # the rules call the op: traced again, those calls take the closed-over values
+        # as operands and share this conversion, so they are hoisted with the rest
+        found = tuple(closed)
+        outer = _ACTIVE.__dict__.setdefault("outer", {})
+        outer[id(call.op)] = (call, found, converted, missed)
+        try:
+            for role in list(recursive):
+                trace(role)
+        finally:
+            del outer[id(call.op)]
+        if len(closed) != len(found):
+            missed.append(call)  # (tracing again found other values: not one conversion)
     unsupported = ("multilinear" if call.op.multilinear  # per-argument transposes
-                   else "called by its own rules" if active[id(call.op)]  # not hoisted there
-                   else "sharded (shard=)" if call.op.shard is not None else None)
+                   else "sharded (shard=)" if call.op.shard is not None
+                   else None)
     if unsupported:
         raise TypeError(
             f"anybind op '{call.op.name}' is {unsupported} and its traced code closes over "
             f"{len(closed)} traced value(s) of an enclosing transformation, which such ops "
             f"do not support; pass them to the op as keyword operands")
+    if missed:
+        got = ", ".join(fmt_aval(a) for a in missed[0].in_avals)
+        want = ", ".join(fmt_aval(a) for a in call.in_avals)
+        raise TypeError(
+            f"anybind op '{call.op.name}' is called by its own rules on inputs ({got}) other "
+            f"than those of the call being traced ({want}), and its traced code closes over "
+            f"{len(closed)} traced value(s) of an enclosing transformation: such an inner "
+            f"call would need its own conversion, whose rules call the op again, without "
+            f"end; pass the closed-over values to the op as keyword operands")
     avals = tuple(to_aval(c) for c in closed)
     return dataclasses.replace(call, kw_avals=call.kw_avals + avals, n_closure=len(closed),
-                               closed=tuple(closed), converted=Converted(jaxprs))
+                               closed=tuple(closed), converted=converted)
 
 
 class Converted:

@@ -408,8 +408,7 @@ class CoreOp:
         if _closures.under_trace():  # the op's code may close over tracers of this trace
             _closures.check_host(self)
             nested = _closures.converting(self)  # its own rule, traced: not again
-            if not nested:
-                call = _closures.convert(call)
+            call = _closures.nested(call) if nested else _closures.convert(call)
         if self.symmetric:
             check_symmetric(call)
         if nested:  # not kept: a later call of this signature converts for itself

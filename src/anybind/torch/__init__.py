@@ -14,6 +14,7 @@ module             what it holds
                    torch tensors; ``anybind::run`` under ``torch.compile``
 ``_effects``       what torch code may do besides computing: writes into its inputs,
                    random draws
+``_trees``         a torch function's output as the matching JAX pytree
 ``_torch_engine``  how the bridges run torch code on NumPy views of XLA's buffers,
                    and torch's own jvp, vjp and vmap of it
 ``_jax_engine``    the same for JAX code on NumPy views of torch's tensors

@@ -994,11 +994,19 @@ def _bn_stats(x, d, eps):
     return mean, var, lax.rsqrt(var + eps), math.prod(x.shape) // x.shape[1]
 
 
+# The running statistics are buffers, as in torch: no derivative goes through them
+# (torch's kernels refuse one), and their update in place records none, so an updated
+# statistic keeps the derivative it had before: new = old + stop_gradient(new - old).
+
+def _bn_running(x, weight, bias, running_mean, running_var, eps, d):
+    rstd = lax.rsqrt(_cast(lax.stop_gradient(running_var), d) + eps)
+    return _bn_apply(x, _cast(lax.stop_gradient(running_mean), d), rstd, weight, bias, d)
+
+
 @rule("_native_batch_norm_legit_no_training.default")
 def _bn_eval(node, x, weight, bias, running_mean, running_var, momentum, eps):
     d = _acc(x.dtype)
-    rstd = lax.rsqrt(_cast(running_var, d) + eps)
-    y = _bn_apply(x, _cast(running_mean, d), rstd, weight, bias, d)
+    y = _bn_running(x, weight, bias, running_mean, running_var, eps, d)
     return y, jnp.zeros((0,), d), jnp.zeros((0,), d)
 
 
@@ -1006,8 +1014,7 @@ def _bn_eval(node, x, weight, bias, running_mean, running_var, momentum, eps):
 def _bn_train(node, x, weight, bias, running_mean, running_var, training, momentum, eps):
     d = _acc(x.dtype)
     if not training:
-        rstd = lax.rsqrt(_cast(running_var, d) + eps)
-        y = _bn_apply(x, _cast(running_mean, d), rstd, weight, bias, d)
+        y = _bn_running(x, weight, bias, running_mean, running_var, eps, d)
         return y, jnp.zeros((0,), d), jnp.zeros((0,), d), running_mean, running_var
     mean, var, rstd, n = _bn_stats(x, d, eps)
     y = _bn_apply(x, mean, rstd, weight, bias, d)
@@ -1015,7 +1022,8 @@ def _bn_train(node, x, weight, bias, running_mean, running_var, training, moment
     new_mean = (1 - momentum) * running_mean + momentum * stats(mean).astype(running_mean.dtype)
     unbiased = stats(var) * (n / max(n - 1, 1))
     new_var = (1 - momentum) * running_var + momentum * unbiased.astype(running_var.dtype)
-    return y, mean, rstd, new_mean, new_var
+    return (y, mean, rstd, running_mean + stats(new_mean - running_mean),
+            running_var + stats(new_var - running_var))
 
 
 @rule("_native_batch_norm_legit.no_stats")

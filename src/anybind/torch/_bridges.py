@@ -473,6 +473,16 @@ def _torch_dtype(d) -> torch.dtype:
     return got
 
 
+class OutputError(TypeError):
+    """A torch function's output that no JAX pytree of arrays can hold."""
+
+
+def _shown(v) -> str:
+    kind = f"{type(v).__module__}.{type(v).__qualname__}"
+    text = repr(v)
+    return f"a {kind} ({text[:60] + '...' if len(text) > 60 else text})"
+
+
 class FakeSpec:
     """``shape=None`` of ``from_torch``: the output spec from torch's fake tensors."""
 
@@ -489,7 +499,7 @@ class FakeSpec:
                 return self._spec(args, kw, torch.empty)
         except _torch.DynamicOutputShapeException as e:  # the shape depends on the data
             raise self._error(e) from None
-        except StateError:
+        except (StateError, OutputError):
             raise
         except Exception:  # noqa: BLE001  (.item(), a module made inside: real inputs)
             pass
@@ -500,7 +510,7 @@ class FakeSpec:
                     return self._spec(args, kw, torch.ones)
             finally:
                 torch.set_rng_state(state)
-        except StateError:
+        except (StateError, OutputError):
             raise
         except Exception as e:
             raise self._error(e) from None
@@ -510,9 +520,17 @@ class FakeSpec:
             lambda s: make(s.shape, dtype=_torch_dtype(s.dtype))
             if isinstance(s, jax.ShapeDtypeStruct) else s, (args, kw))
         out = _torch_engine.plain_tree(self.fn(*a, **k))
+        for path, t in tree_util.tree_leaves_with_path(out):
+            if not isinstance(t, torch.Tensor):
+                raise OutputError(
+                    f"anybind op '{self.name}': the torch function's output "
+                    f"{tree_util.keystr(path) or '(the whole output)'} is {_shown(t)}; "
+                    f"expected a tensor or a Python number, in containers both torch's "
+                    f"and JAX's pytrees can hold (tuple, list, dict, a named tuple, "
+                    f"a torch structseq, None, or a class registered with "
+                    f"torch.utils._pytree or jax.tree_util)")
         return tree_util.tree_map(
-            lambda t: jax.ShapeDtypeStruct(tuple(t.shape), _np_dtype(t))
-            if isinstance(t, torch.Tensor) else t, out)
+            lambda t: jax.ShapeDtypeStruct(tuple(t.shape), _np_dtype(t)), out)
 
     def _error(self, e: Exception) -> TypeError:
         return TypeError(

@@ -196,10 +196,27 @@ def replay(gens: list, seeds: np.ndarray):
     """Run with each generator seeded from its seed; each is put back afterwards."""
     with _LOCK:
         saved = [g.get_state() for g in gens]
+        outer = getattr(_REPLAY, "now", None)
         try:
-            for g, (hi, lo) in zip(gens, seeds.astype(np.uint64)):
-                g.manual_seed(int((hi << np.uint64(32)) | lo) & ((1 << 63) - 1))
+            _REPLAY.now = (gens, seeds)
+            rewind()
             yield
         finally:
+            _REPLAY.now = outer
             for g, s in zip(gens, saved):
                 g.set_state(s)
+
+
+_REPLAY = threading.local()  # per thread: the generators and seeds of the replay in progress
+
+
+def rewind() -> None:
+    """Seed the generators of the replay in progress again from its seeds, so that a run
+    retried after a failure (a derivative that torch.func refused, run again on copies)
+    draws what the value drew, not what follows the failed run's draws."""
+    now = getattr(_REPLAY, "now", None)
+    if now is None:
+        return
+    gens, seeds = now
+    for g, (hi, lo) in zip(gens, seeds.astype(np.uint64)):
+        g.manual_seed(int((hi << np.uint64(32)) | lo) & ((1 << 63) - 1))

@@ -99,6 +99,31 @@ class NoData(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class Buffers(torch.overrides.TorchFunctionMode):
+    """Derivative runs that torch refused once: the running statistics of batch and
+    instance norms go to torch detached. torch defines no derivative through them
+    (its kernels refuse an argument there that requires grad, or carries a tangent)
+    and records none for their update in place, which lands in the same memory; so
+    torch's derivative in every other input is unchanged, and a statistic keeps what
+    derivative it had before the update."""
+
+    _AT = {torch.batch_norm: (3, 4), torch.instance_norm: (3, 4),
+           torch.nn.functional.batch_norm: (1, 2), torch.nn.functional.instance_norm: (1, 2)}
+    _NAMES = ("running_mean", "running_var")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        at = self._AT.get(func)
+        if at is not None:
+            args = tuple(_detached(a) if i in at else a for i, a in enumerate(args))
+            kwargs = {k: _detached(v) if k in self._NAMES else v for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def _detached(t):
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
 def effects(fn, leaves: list, rebuild) -> Effects:
     """``fn``'s effects on inputs like ``leaves`` (arrays or ShapeDtypeStructs, and other
     values), called as ``fn(*args, **kw)`` with ``(args, kw) = rebuild(tensors)``."""

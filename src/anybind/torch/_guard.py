@@ -2,11 +2,14 @@
 
 A host function's inputs are read-only NumPy views of XLA's buffers. torch does
 not keep that flag: ``torch.from_numpy`` only warns that the array is not
-writable, and ``torch.from_dlpack``, ``torch.as_tensor`` and ``torch.asarray``
-say nothing, so a tensor over the view would write into the caller's JAX
-array. While host code runs (``routes._host.in_host_call``), these functions,
-given a read-only NumPy array, wrap a private copy of it instead: a write stays
-in the copy, as under ``ab.from_torch``. Elsewhere they are torch's own.
+writable, and ``torch.from_dlpack`` (also ``torch.utils.dlpack.from_dlpack``),
+``torch.as_tensor`` and ``torch.asarray`` say nothing; torch has no read-only
+tensors, and torch 2.15 asks NumPy for a versioned DLPack capsule, which carries
+the read-only flag, and ignores the flag. So a tensor over the view would write
+into the caller's JAX array. While host code runs (``routes._host.in_host_call``),
+these functions, given a read-only NumPy array, wrap a private copy of it
+instead: a write stays in the copy, as under ``ab.from_torch``. Elsewhere they
+are torch's own.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import functools
 
 import numpy as np
 import torch
+import torch.utils.dlpack
 
 from ..routes._host import in_host_call
 
@@ -29,11 +33,12 @@ def _guarded(wrap):
 
 
 def install() -> None:
-    """Guard torch's wrappers of NumPy memory (once)."""
-    for name in ("from_numpy", "from_dlpack", "as_tensor", "asarray"):
-        fn = getattr(torch, name)
+    """Guard torch's wrappers of NumPy memory (once), under each public name they have."""
+    for space, name in ((torch, "from_numpy"), (torch, "from_dlpack"), (torch, "as_tensor"),
+                        (torch, "asarray"), (torch.utils.dlpack, "from_dlpack")):
+        fn = getattr(space, name)
         if not getattr(fn, "__anybind_guarded__", False):
-            setattr(torch, name, _guarded(fn))
+            setattr(space, name, _guarded(fn))
 
 
 install()

@@ -187,6 +187,14 @@ def tree_unflatten(leaves, spec):
     return _pytree.tree_unflatten(leaves, spec)
 
 
+def pytree_node(cls: type):
+    """The node a class is registered as in torch's pytrees (``register_dataclass``,
+    ``register_pytree_node``): its ``flatten_fn`` and ``unflatten_fn``, or None
+    (``torch.utils._pytree.SUPPORTED_NODES``, 2.0; its ``NodeDef`` fields, 2.2)."""
+    from torch.utils import _pytree
+    return _pytree.SUPPORTED_NODES.get(cls)
+
+
 def aten_packets() -> list[str]:
     """The names of every registered ``aten::`` op, loaded or not (the coverage page's
     core set; ``torch._C._dispatch_get_all_op_names``, 2.0)."""

@@ -28,6 +28,7 @@ leaves.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from collections.abc import Callable
@@ -38,7 +39,7 @@ import torch
 from jax import tree_util
 from torch.autograd import forward_ad
 
-from . import _draws, _torch
+from . import _draws, _effects, _torch, _trees
 
 # ----------------------------------------------------------- arrays across
 
@@ -182,20 +183,12 @@ _NOT_LEAF = object()
 
 
 def plain_tree(out):
-    """``out`` with torch's structseqs (``torch.return_types.max``, ...) as tuples, which
-    JAX's pytrees know."""
-    if isinstance(out, tuple):
-        if type(out) is not tuple and not hasattr(out, "_fields"):  # a structseq
-            return tuple(plain_tree(o) for o in out)
-        if any(isinstance(o, (tuple, list, dict)) for o in out):
-            return type(out)(*map(plain_tree, out)) if hasattr(out, "_fields") \
-                else tuple(map(plain_tree, out))
-        return out
-    if isinstance(out, list):
-        return [plain_tree(o) for o in out]
-    if isinstance(out, dict):
-        return {k: plain_tree(v) for k, v in out.items()}
-    return out
+    """``out`` as a JAX pytree of tensors (``_trees.jax_tree``), numbers as 0-d tensors."""
+    return _trees.jax_tree(out, _number_tensor)
+
+
+def _number_tensor(v) -> torch.Tensor:
+    return as_tensor(np.asarray(v, _trees.number_dtype(v)))
 
 
 class TorchDevice(TorchHost):
@@ -214,8 +207,9 @@ class TorchDevice(TorchHost):
             args, kw = over((args, kw), _collect(ts, lambda a: torch.from_dlpack(a.copy()),
                                                  cupy.ndarray))
             out = self.fn(*args, **kw)
-            return over(plain_tree(out), lambda t: cupy.from_dlpack(t.detach())
-                        if isinstance(t, torch.Tensor) else t)
+            return over(plain_tree(out), lambda t: cupy.from_dlpack(
+                (t if t.is_cuda else t.cuda()).detach())  # (a number: a 0-d CPU tensor)
+                if isinstance(t, torch.Tensor) else t)
 
 
 def _collect(ts: list, convert: Callable, kinds) -> Callable:
@@ -231,13 +225,17 @@ def _collect(ts: list, convert: Callable, kinds) -> Callable:
 def _float_outputs(fn, leaves, tree, idx, kw, seen: dict):
     """g(*v): fn with the leaves at ``idx`` replaced by v, its floating output leaves.
     With ``seen["clone"]`` set, fn gets copies of v (for code that writes into its inputs,
-    which autograd refuses on the inputs themselves)."""
+    which autograd refuses on the inputs themselves), and runs with the running
+    statistics of norms detached (``_effects.Buffers``: torch refuses them requiring
+    grad), both set when a first run failed (no per-op cost where nothing fails)."""
     def g(*vs):
         full = list(leaves)
         clone = seen.get("clone", False)
         for i, v in zip(idx, vs):
             full[i] = v.clone() if clone else v
-        outs, seen["tree"] = tree_util.tree_flatten(plain_tree(fn(*tree.unflatten(full), **kw)))
+        with _effects.Buffers() if clone else contextlib.nullcontext():
+            out = fn(*tree.unflatten(full), **kw)
+        outs, seen["tree"] = tree_util.tree_flatten(plain_tree(out))
         seen["float"] = [_is_float(o) for o in outs]
         return tuple(o for o, f in zip(outs, seen["float"]) if f)
     return g
@@ -268,14 +266,16 @@ def _tangents(fn, g, xs, ts, seen: dict) -> tuple:
     if _plain(fn, [*xs, *ts]):
         try:
             return _by_forward_ad(g, xs, ts)
-        except RuntimeError:  # code that takes torch.func transforms itself
-            pass
+        except RuntimeError:  # code that takes torch.func transforms itself (or that
+            _draws.rewind()   # torch refuses, tried again below); each run draws alike
     try:
         return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
     except RuntimeError:
-        # what torch.func refuses: a write into an input (done on copies, then), an
+        # what torch.func refuses: a write into an input (done on copies, then), a norm's
+        # running statistic that carries a tangent (detached, then), an
         # autograd.Function without setup_context (plain forward AD, where no level is open)
         seen["clone"] = True
+        _draws.rewind()
         if _torch.dual_level() >= 0 or _torch.transforms_active():
             return torch.func.jvp(g, tuple(xs), tuple(ts))[1]
         return _by_forward_ad(g, xs, ts)
@@ -294,16 +294,18 @@ def _cotangents(fn, g, xs, cts_of: Callable, seen: dict) -> tuple:
     if _plain(fn, xs):
         try:
             return _by_autograd(g, xs, cts_of)
-        except RuntimeError:  # code that takes torch.func transforms itself
-            pass
+        except RuntimeError:  # code that takes torch.func transforms itself (or that
+            _draws.rewind()   # torch refuses, tried again below); each run draws alike
     try:
         _, pullback = torch.func.vjp(g, *xs)
         return pullback(cts_of())
     except RuntimeError:
-        # what torch.func refuses: a write into an input (done on copies, then), an
+        # what torch.func refuses: a write into an input (done on copies, then), a norm's
+        # running statistic that requires grad (detached, then), an
         # autograd.Function without setup_context (plain autograd, as torch's double
         # backward, keeping the graph where an outer plain autograd differentiates this)
         seen["clone"] = True
+        _draws.rewind()
         if _torch.transforms_active():
             _, pullback = torch.func.vjp(g, *xs)
             return pullback(cts_of())

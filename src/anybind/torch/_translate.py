@@ -44,7 +44,7 @@ from jax import tree_util
 
 from .. import _api
 from ..core._op import core_of
-from . import _aten, _torch
+from . import _aten, _torch, _trees
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
 
 MODES = ("auto", "translate", "call")
@@ -366,14 +366,9 @@ def _constant(v):
 
 
 def _plain(out):
-    """torch's structures as JAX's pytrees: structseqs and named tuples as tuples."""
-    if isinstance(out, tuple):
-        return tuple(_plain(o) for o in out)
-    if isinstance(out, list):
-        return [_plain(o) for o in out]
-    if isinstance(out, dict):
-        return {k: _plain(v) for k, v in out.items()}
-    return out
+    """torch's structures as the matching JAX pytrees (``_trees.jax_tree``), numbers as
+    the arrays ``jax.jit`` makes of them."""
+    return _trees.jax_tree(out, lambda v: np.asarray(v, _trees.number_dtype(v)))
 
 
 def _tied_names(module) -> dict[str, list[str]]:
