@@ -54,14 +54,16 @@ def model_rows() -> list[tuple]:
             m = cls().train(train)
             params = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
             x = jnp.zeros(shape, jnp.float32)
-            op = ab.from_torch(m, mode="auto")
-            keyed = ab.from_torch(m, mode="auto")
+            op = ab.from_torch(m, mode="auto", discard_state=True)
+            keyed = ab.from_torch(m, mode="auto", discard_state=True)
             for label, o, kw in [("", op, {}), (", key=", keyed, {"key": jax.random.key(0)})]:
                 prog = o.fn.program(params, x, **kw)
                 nodes = [n for n in prog.graph.nodes if n.op == "call_function"
                          and _aten.name_of(n.target).startswith("aten::")]
                 left = sorted({_aten.name_of(n.target) for n in prog.fallback})
                 done = len(nodes) - len(prog.fallback)
+                if prog.whole_call:  # several draws from torch's generator: one torch call
+                    left, done = ["(the whole program: one torch call)"], 0
                 if label and not any(_aten.name_of(n.target) in _aten.RANDOM for n in nodes):
                     continue  # nothing random: the same as without a key
                 rows.append((name, ("train" if train else "eval") + label, len(nodes), done,
@@ -86,7 +88,8 @@ def render() -> str:
         "The models of `tests/test_bridges_translate.py`, captured by `torch.export` and",
         "decomposed to the core ATen op set; a node is an ATen op of that graph. In train",
         "mode a dropout translates when the op is given `key=`; without one, `\"auto\"` runs",
-        "it as a torch call (torch's generator) and `\"translate\"` raises.",
+        "it as a torch call (torch's generator; a program with several random nodes runs",
+        "as one torch call, so that its draws are `mode=\"call\"`'s) and `\"translate\"` raises.",
         "",
         "| model | mode | ATen nodes | translated | share | left to torch |",
         "|---|---|---:|---:|---:|---|",
