@@ -385,6 +385,9 @@ class Program:
                     f"cannot have; mode='auto' runs such a program as one torch call")
             self.whole_call = True
             return
+        if t.mode == "auto" and any(_complex(n) for n in self.graph.nodes):
+            self.whole_call = True  # complex numbers: their rules are not checked against
+            return                  # torch's (conjugate bits, views as real): torch runs it
         for node in self.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
@@ -453,6 +456,12 @@ class Program:
                         new[n] = state[alias]
             return out, new
         return out
+
+
+def _complex(node) -> bool:
+    val = node.meta.get("val")
+    return any(isinstance(v, torch.Tensor) and v.is_complex()
+               for v in (val if isinstance(val, list | tuple) else (val,)))
 
 
 def _static_shapes(node) -> bool:
