@@ -439,3 +439,11 @@ def test_fallback_nodes_are_named_by_the_program():
     prog = op.fn.program(jnp.ones(8))
     assert [_aten.name_of(n.target) for n in prog.fallback] == ["aten::native_dropout.default"]
     assert ab.from_torch(_two_draws).fn.program(jnp.ones(8)).whole_call
+
+
+def test_examples_and_name_as_in_call_mode():
+    x, y = np.linspace(-1.0, 1.0, 4), np.linspace(0.5, 1.5, 4)
+    op = ab.from_torch(_smooth, examples=lambda: ((x, y), {}), name="smooth_named")
+    assert op.name == "smooth_named" and _translated(op, x, y)
+    assert ab.check(op).ok  # examples= give ab.check its arguments
+    assert ab.check(op, x, y, torch=True).ok  # and the translation agrees with torch

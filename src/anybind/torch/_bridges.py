@@ -132,8 +132,8 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         code is not a function of its arguments alone (it writes globals or
         attributes, prints, reads a global that is data or a module such as
         NumPy or ``random``, closes over a tensor, holds a ``torch.Generator``,
-        has non-persistent buffers); it draws from torch's generator more than
-        once without ``key=``; ``shape=``, ``vmap=`` or ``shard=`` is given
+        has non-persistent buffers); it takes or returns complex numbers; it
+        draws from torch's generator more than once without ``key=``; ``shape=``, ``vmap=`` or ``shard=`` is given
         (they describe a torch call); or the user sets a rule (``op.def_jvp``
         and friends: the op becomes ``"call"``'s). ``"call"``: torch runs, as
         described below. ``"translate"``: JAX code only; an op with no

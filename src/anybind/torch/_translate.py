@@ -385,9 +385,11 @@ class Program:
                     f"cannot have; mode='auto' runs such a program as one torch call")
             self.whole_call = True
             return
-        if t.mode == "auto" and any(_complex(n) for n in self.graph.nodes):
-            self.whole_call = True  # complex numbers: their rules are not checked against
-            return                  # torch's (conjugate bits, views as real): torch runs it
+        ends = [n for n in self.graph.nodes if n.op == "placeholder"] + [
+            a for n in self.graph.nodes if n.op == "output" for a in _tensor_inputs(n)]
+        if t.mode == "auto" and any(_complex(n) for n in ends):
+            self.whole_call = True  # complex inputs or outputs: JAX's conventions for their
+            return                  # derivatives are not checked against torch's: torch runs
         for node in self.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
