@@ -133,9 +133,10 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         attributes, prints, reads a global that is data or a module such as
         NumPy or ``random``, closes over a tensor, holds a ``torch.Generator``,
         has non-persistent buffers); it takes or returns complex numbers; it
-        draws from torch's generator more than once without ``key=``; ``shape=``, ``vmap=`` or ``shard=`` is given
-        (they describe a torch call); or the user sets a rule (``op.def_jvp``
-        and friends: the op becomes ``"call"``'s). ``"call"``: torch runs, as
+        draws from torch's generator more than once without ``key=``;
+        ``shape=``, ``vmap=`` or ``shard=`` is given (they describe a torch
+        call); or the user sets a rule (``op.def_jvp`` and friends: the op
+        becomes ``"call"``'s). ``"call"``: torch runs, as
         described below. ``"translate"``: JAX code only; an op with no
         translation, or a program that cannot be captured, is an error naming
         it. Random ops translate when the op is called with ``key=`` (a JAX
