@@ -142,6 +142,17 @@ def test_a_tensor_closed_over_is_read_at_each_call():
     assert_close(jax.jit(auto)(x), 2 * np.ones(3))
 
 
+def test_a_module_closed_over_is_read_at_each_call():
+    net = nn.Linear(3, 2).double()
+    auto = ab.from_torch(lambda x: net(x))
+    x = jnp.ones((1, 3))
+    before = auto(x)
+    with torch.no_grad():
+        net.bias.add_(1.0)  # a training step elsewhere
+    assert_close(auto(x), np.asarray(before) + 1.0)
+    assert not _translated(auto, x)
+
+
 def test_python_side_effects_happen_as_in_call_mode():
     """A counter counts each run of the code, print prints: as many times in both modes."""
     runs = {"auto": 0, "call": 0}

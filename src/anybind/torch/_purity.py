@@ -19,7 +19,9 @@ outside state          a global that is data (a number, a tensor, a list, …) o
                        other than torch's and ``math``'s (NumPy, ``random``, ``time``:
                        their values would be baked in); a closure or module attribute
                        that is a tensor or a container (a tensor outside the params dict
-                       is a constant of the capture); a module's non-persistent buffers;
+                       is a constant of the capture); a module with tensors other than
+                       the one given (its weights are read at each call); a module's
+                       non-persistent buffers;
                        a ``torch.Generator`` the function holds
 =====================  ===================================================================
 
@@ -75,6 +77,10 @@ class _Reader:
             return None
         self.seen.add(id(obj))
         if isinstance(obj, torch.nn.Module):
+            if depth and any(True for _ in (*obj.parameters(), *obj.buffers())):
+                return (f"it calls the module {type(obj).__name__}, whose parameters and "
+                        f"buffers it reads as they are at each call (pass the module itself "
+                        f"to ab.from_torch: its params dict is then an argument)")
             return self.module(obj, depth)
         if isinstance(obj, functools.partial):
             for v in (*obj.args, *obj.keywords.values()):
