@@ -222,6 +222,21 @@ def test_a_held_generator_draws_as_in_call_mode():
     assert_close(ab.from_torch(noisy, mode="call")(x), got, rtol=0, atol=0)
 
 
+def _reseeds(x):
+    torch.manual_seed(0)  # process-wide state: the same draws at each call
+    return x + torch.randn_like(x)
+
+
+def test_a_function_that_seeds_torch_draws_as_in_call_mode():
+    auto, call = _both(_reseeds)
+    x = jnp.zeros(5)
+    torch.manual_seed(0)
+    expected = torch.randn(5, dtype=torch.float64).numpy()
+    for f in (lambda o: o, jax.jit):
+        assert_close(f(auto)(x), f(call)(x), rtol=0, atol=0)
+        assert_close(f(auto)(x), expected, rtol=0, atol=0)
+
+
 class _Hidden(nn.Module):
     def __init__(self):
         super().__init__()

@@ -22,7 +22,8 @@ outside state          a global that is data (a number, a tensor, a list, …) o
                        is a constant of the capture); a module with tensors other than
                        the one given (its weights are read at each call); a module's
                        non-persistent buffers;
-                       a ``torch.Generator`` the function holds
+                       a ``torch.Generator`` the function holds; torch's process-wide
+                       state (``torch.manual_seed``, ``set_default_dtype``, grad mode)
 =====================  ===================================================================
 
 Functions the code calls (globals, closures, methods of the module's own
@@ -45,6 +46,12 @@ from . import _draws
 
 _EFFECTS = frozenset({"print", "input", "open", "breakpoint", "exec", "eval", "setattr",
                       "delattr", "globals", "vars", "locals", "__import__", "compile"})
+# torch's process-wide state, which a capture would not replay
+_STATEFUL = frozenset({"manual_seed", "seed", "set_rng_state", "get_rng_state", "initial_seed",
+                       "fork_rng", "set_default_dtype", "get_default_dtype",
+                       "set_default_tensor_type", "set_default_device", "set_grad_enabled",
+                       "is_grad_enabled", "use_deterministic_algorithms", "set_printoptions",
+                       "set_num_threads", "get_num_threads"})
 _WRITES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR"})
 _TRUSTED = ("torch", "math", "operator", "functools", "itertools", "typing", "collections",
             "builtins", "abc", "enum", "dataclasses", "numbers", "warnings", "einops")
@@ -153,6 +160,8 @@ class _Reader:
         for ins in dis.get_instructions(code):
             if ins.opname in _WRITES:
                 return f"{name} writes {ins.argval!r} ({ins.opname})"
+            if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and ins.argval in _STATEFUL:
+                return f"{name} uses torch's process-wide state ({ins.argval})"
             if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
                 return f"{name} assigns the nonlocal {ins.argval!r}"
             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
