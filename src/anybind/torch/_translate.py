@@ -113,13 +113,13 @@ class Captured(_api.Op):
         leaves = tree_util.tree_leaves((args, kw))
         if any(isinstance(a, torch.Tensor) for a in leaves):  # op.torch's call: torch's own
             return core(*args, **kw)
-        if t.mode == "auto":
+        if t.mode == "auto":  # key= is JAX's: a torch call draws from torch's generator
+            plain = {k: v for k, v in kw.items() if k != "key"}
             if t.impure:
-                return t.call_op()(*args, **kw)
-            prog, _ = t.capture(args, {k: v for k, v in kw.items() if k != "key"},
-                                kw.get("key"))
+                return t.call_op()(*args, **plain)
+            prog, _ = t.capture(args, plain, kw.get("key"))
             if prog.whole_call:  # mode="call"'s op itself, with its draws and rules
-                return t.call_op()(*args, **{k: v for k, v in kw.items() if k != "key"})
+                return t.call_op()(*args, **plain)
             if prog.drawing is not None:  # the call's seeds, carried as mode="call" does
                 kw[_draws.DRAWS] = t.draws.seeds_for([a for a in leaves
                                                      if hasattr(a, "dtype")])
