@@ -294,7 +294,9 @@ class Program:
         flat_ex, _ = _torch.tree_flatten((ex[0], kwargs))
         self.user = [where.get(id(e)) for e in flat_ex if isinstance(e, torch.Tensor)]
         self.leaves_n = len(leaves)
-        self._inputs(ep, params)
+        if not self._inputs(ep, params):  # "auto": mode="call"'s op says what is wrong
+            self.whole_call = True
+            return
         self._outputs(ep)
         self._state()
         self._scan()
@@ -308,7 +310,7 @@ class Program:
                 raise failed[0]
 
     # where each placeholder comes from
-    def _inputs(self, ep, params):
+    def _inputs(self, ep, params) -> bool:
         t, sig = self.t, ep.graph_signature
         self.sources = []  # per placeholder: ("param"|"buffer", name) / ("user", i) / ("const", v)
         user = iter(self.user)
@@ -331,18 +333,23 @@ class Program:
                     self.sources.append(None)
             elif kind in ("CONSTANT_TENSOR",):
                 self.sources.append(("const", ep.constants[spec.target]))
+            elif t.mode == "auto":  # a torch.Generator, a script object: torch runs it
+                return False
             else:
                 raise Untranslatable(f"anybind op '{t.name}': the captured program takes a "
                                      f"{kind} input ({spec.target}), which has no JAX form")
         if t.module is not None:
             known = {n for group in names.values() for n in group}
             unknown = sorted(set(params) - known)
+            if (missing or unknown) and t.mode == "auto":
+                return False
             if missing or unknown:
                 raise KeyError(
                     f"anybind op '{t.name}': params must hold the names of "
                     f"module.state_dict(); missing: {sorted(missing)}, unknown: {unknown}")
             buffers = {n for n, _ in t.module.named_buffers(remove_duplicate=False)}
             self.buffer_names = [n for n in params if n in buffers]
+        return True
 
     def _outputs(self, ep):
         self.sinks = []  # per graph output: ("user", i) / ("buffer", name) / None (ignored)
