@@ -99,7 +99,7 @@ def jf(a, b):
 def torch_in_jax(n: int) -> dict[str, Callable]:
     """Each package's f(x1, x2) as a JAX function (a constructor per package)."""
     def anybind_():
-        return ab.from_torch(tf, name="f")
+        return ab.from_torch(tf, name="f", mode="call")  # the call path and its floor
 
     def torch2jax_():
         from torch2jax import t2j
@@ -448,7 +448,7 @@ if which == "torch→jax native":
     y = jax.jit(f)(x, x)
 elif which == "torch→jax anybind":
     import anybind as ab
-    y = jax.jit(ab.from_torch(f))(x, x)
+    y = jax.jit(ab.from_torch(f, mode="call"))(x, x)
 elif which == "torch→jax torch2jax":
     from torch2jax import t2j
     y = jax.jit(t2j(f))(x, x)

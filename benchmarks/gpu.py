@@ -69,7 +69,8 @@ def routes(cp, torch) -> dict:
     fs = {"native jnp": lambda x: x * x * x, "anybind device": device,
           "pure_callback": pure, "anybind host": host}
     if torch is not None:
-        fs["ab.from_torch"] = ab.from_torch(lambda x: x * x * x, name="bench_cube_torch")
+        fs["ab.from_torch"] = ab.from_torch(lambda x: x * x * x, name="bench_cube_torch",
+                                           mode="call")
     return fs
 
 

@@ -296,7 +296,8 @@ def bridges(torch, gpu, repeats: int) -> dict:
     x = torch.linspace(-1.0, 1.0, 1, dtype=torch.float32, device="cuda")
     xg = x.clone().requires_grad_(True)
     to_torch = ab.to_torch(lambda x: x * x * x, name="bench_bridge_to_torch")
-    from_torch = ab.from_torch(lambda x: x * x * x, name="bench_bridge_from_torch")
+    from_torch = ab.from_torch(lambda x: x * x * x, name="bench_bridge_from_torch",
+                               mode="call")
     jcube = jax.jit(lambda x: x * x * x)
     xj = jax.device_put(jnp.ones(1, jnp.float32), gpu)
     jf = jax.jit(from_torch)
@@ -369,7 +370,8 @@ def profile_bridges(torch, gpu, calls: int = 2000) -> dict:
     import pstats
     x = torch.linspace(-1.0, 1.0, 1, dtype=torch.float32, device="cuda")
     to_torch = ab.to_torch(lambda x: x * x * x, name="bench_profile_to_torch")
-    from_torch = jax.jit(ab.from_torch(lambda x: x * x * x, name="bench_profile_from_torch"))
+    from_torch = jax.jit(ab.from_torch(lambda x: x * x * x, name="bench_profile_from_torch",
+                                           mode="call"))
     xj = jax.device_put(jnp.ones(1, jnp.float32), gpu)
     res = {}
     for name, f in (("ab.to_torch", lambda: to_torch(x)),

@@ -67,7 +67,7 @@ def main():
         _torch_engine._private = make
         try:
             for n in (1, 1000, 1_000_000):
-                op = ab.from_torch(fn, name="sin2")
+                op = ab.from_torch(fn, name="sin2", mode="call")
                 x = jnp.ones(n)
                 reps = 500 if n < 10**5 else 20
                 timers[name, n] = (make, timer(op, x, reps), timer(jax.jit(op), x, reps))

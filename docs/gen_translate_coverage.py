@@ -43,7 +43,10 @@ def row(model: str, mode: str, prog) -> tuple:
     nodes = [n for n in prog.graph.nodes if n.op == "call_function"
              and _aten.name_of(n.target).startswith("aten::")]
     left = sorted({_aten.name_of(n.target) for n in prog.fallback})
-    return model, mode, len(nodes), len(nodes) - len(prog.fallback), left
+    done = len(nodes) - len(prog.fallback)
+    if prog.whole_call:  # several draws from torch's generator: one torch call
+        left, done = ["(the whole program: one torch call)"], 0
+    return model, mode, len(nodes), done, left
 
 
 def model_rows() -> list[tuple]:
@@ -63,14 +66,15 @@ def model_rows() -> list[tuple]:
             m = cls().train(train)
             params = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
             x = jnp.zeros(shape, jnp.float32)
-            prog = ab.from_torch(m, mode="auto").fn.program(params, x)
+            op = ab.from_torch(m, mode="auto", discard_state=True)
+            prog = op.fn.program(params, x)
             rows.append(row(name, "train" if train else "eval", prog))
             if any(n.op == "call_function" and _aten.name_of(n.target) in _aten.RANDOM
                    for n in prog.graph.nodes):
                 # something random: what translates when the op is given a key
-                keyed = ab.from_torch(m, mode="auto").fn.program(params, x,
-                                                                 key=jax.random.key(0))
-                rows.append(row(name, "train, key=" if train else "eval, key=", keyed))
+                keyed = ab.from_torch(m, mode="auto", discard_state=True)
+                rows.append(row(name, "train, key=" if train else "eval, key=",
+                                keyed.fn.program(params, x, key=jax.random.key(0))))
     return rows
 
 
@@ -91,7 +95,8 @@ def render() -> str:
         "The models of `tests/test_bridges_translate.py`, captured by `torch.export` and",
         "decomposed to the core ATen op set; a node is an ATen op of that graph. In train",
         "mode a dropout translates when the op is given `key=`; without one, `\"auto\"` runs",
-        "it as a torch call (torch's generator) and `\"translate\"` raises.",
+        "it as a torch call (torch's generator; a program with several random nodes runs",
+        "as one torch call, so that its draws are `mode=\"call\"`'s) and `\"translate\"` raises.",
         "",
         "| model | mode | ATen nodes | translated | share | left to torch |",
         "|---|---|---:|---:|---:|---|",

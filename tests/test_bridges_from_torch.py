@@ -241,7 +241,7 @@ def test_writing_into_an_input_acts_on_a_private_copy():
 
 
 def test_export_is_a_clear_error():
-    op = ab.from_torch(torch.sin, name="tsin")
+    op = ab.from_torch(torch.sin, name="tsin", mode="call")  # (mode="auto" translates it)
     with pytest.raises(ValueError, match=r"tsin.*Python host code.*jax.export cannot"):
         jax.export.export(jax.jit(op))(jax.ShapeDtypeStruct((3,), jnp.float64))
 

@@ -128,7 +128,9 @@ def test_torch2jax_with_vjp_vjp_fallback(dtype, jit):
 def test_int64_example_args_without_x64():
     """wrap-torch2jax casts JAX's int32 (x64 off) back to its example's int64; anybind has
     no example inputs, so torch sees int32: the unchanged function is a clear error naming
-    the op and torch's complaint, and ``.long()`` in the function makes it work."""
+    the op and torch's complaint in mode="call", and ``.long()`` in the function makes it
+    work. The default mode="auto" translates the unchanged function (torch.export's
+    capture accepts int32 targets), with torch's value for the int64 targets."""
     proc = run_fresh_python("""
         import jax, torch, numpy as np, pytest
         import anybind as ab
@@ -138,7 +140,9 @@ def test_int64_example_args_without_x64():
         x, y = jax.numpy.asarray(xt.numpy()), jax.numpy.asarray(yt.numpy())
         assert y.dtype == jax.numpy.int32
         with pytest.raises(ab.HostError, match=r"anybind op 'ce'.*target dtype to be Long"):
-            ab.from_torch(lambda x, y: loss(x, y), name="ce")(x, y)
+            ab.from_torch(lambda x, y: loss(x, y), name="ce", mode="call")(x, y)
+        auto = ab.from_torch(lambda x, y: loss(x, y), name="ce")(x, y)
+        assert abs(auto - loss(xt, yt).item()) < 1e-5, auto
         jax_fn = ab.from_torch(lambda x, y: loss(x, y.long()), name="ce")
         out, g = jax.value_and_grad(jax_fn)(x, y)
         out_jit = jax.jit(jax_fn)(x, y)

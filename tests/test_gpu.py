@@ -369,7 +369,8 @@ def test_gpu_bridges_and_device_code_copy_nothing_through_the_host(tmp_path):
     gpu0 = jax.devices("gpu")[0]
     x = jax.device_put(np.linspace(-1.0, 1.0, 4096), gpu0)
     t = torch.linspace(-1.0, 1.0, 4096, dtype=torch.float64, device="cuda")
-    cube_t = ab.from_torch(lambda x: torch.sin(x) ** 3, name="g_prof_from")
+    cube_t = ab.from_torch(lambda x: torch.sin(x) ** 3, name="g_prof_from",
+                            mode="call")  # the torch call in a GPU program
     cube_j = ab.to_torch(lambda x: jnp.sin(x) ** 3, name="g_prof_to")
     device = ab.bind(lambda x: x * x * x, shape=ab.like(0), device=True, name="g_prof_dev")
     host = ab.bind(lambda x: x * x * x, shape=ab.like(0), name="g_prof_host")

@@ -393,18 +393,24 @@ def test_the_wrapped_module_never_changes(mode):
 
 
 def test_eval_then_train_after_the_first_call_leaves_the_callers_arrays():
+    """mode="call" reads the module's flags at each run, compiled or not. The default
+    mode="auto" reads them at each call it traces: an eager call raises as "call" does,
+    while a program compiled before keeps the eval program it traced (JAX code)."""
     net = _bn_net().eval()
-    op = ab.from_torch(net, name="switch")
+    op = ab.from_torch(net, name="switch", mode="call")
+    auto = ab.from_torch(net, name="switch")
     params = _state(net)
     arrays = {k: np.array(v) for k, v in params.items()}
     x = jnp.asarray(randn((5, 3)))
     op(params, x)
-    jitted = jax.jit(op)
+    jitted, jitted_auto = jax.jit(op), jax.jit(auto)
     jitted(params, x)
+    evaluated = np.asarray(jitted_auto(params, x))
     net.train()
-    for run in (op, jitted):
+    for run in (op, jitted, auto):
         with pytest.raises(Exception, match=r"anybind op 'switch'.*train mode"):
             jax.block_until_ready(run(params, x))
+    assert_close(jitted_auto(params, x), evaluated)
     for k, v in arrays.items():
         np.testing.assert_array_equal(np.asarray(params[k]), v, err_msg=k)
 

@@ -91,7 +91,7 @@ BRIDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
                shard: str | None = None, replicated: tuple[str, ...] = (),
                examples: Callable[[], tuple] | None = None,
-               return_state: bool = False, discard_state: bool = False, mode: str = "call",
+               return_state: bool = False, discard_state: bool = False, mode: str = "auto",
                check: bool = False) -> Op:
     """PyTorch code as an anybind op: a JAX primitive, with torch's own derivatives.
 
@@ -120,22 +120,35 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
         that updates buffers (train mode) is an error naming them, as in flax.
       discard_state: for a module in train mode: drop its buffer updates on purpose
         (no error); the buffers you pass are used as they are at every call.
-      mode: ``"call"`` (the default): torch runs, as described below.
-        ``"translate"``: the program captured by ``torch.export`` (once per
-        shape, dtype and static keyword), decomposed to torch's core ATen ops,
-        becomes JAX code (``jax.numpy``/``lax`` with torch's dtypes), so jit,
-        every transformation, sharding and ``jax.export`` are JAX's own; an op
-        with no translation is an error naming every such op. ``"auto"``: the
-        same, with each node that has no translation run as a torch call inside
-        the program (a program that cannot be captured: one call). Random ops
-        translate when the op is called with ``key=`` (a JAX key; node i draws
-        from ``jax.random.fold_in(key, i)``); without it, ``"auto"`` runs them
-        by torch's generator and ``"translate"`` raises. ``shape=`` and
-        ``vmap=`` apply to what runs as torch calls only.
+      mode: ``"auto"`` (the default): the program captured by ``torch.export``
+        (once per shape, dtype, static keyword and train/eval flags), decomposed
+        to torch's core ATen ops, becomes JAX code (``jax.numpy``/``lax`` with
+        torch's dtypes), so jit, every transformation, sharding and
+        ``jax.export`` are JAX's own; a node with no translation runs as a
+        torch call inside the program. Where a capture could give another
+        number than running torch at each call, the whole program runs as
+        ``"call"`` does: ``torch.export`` cannot capture it (a branch on a
+        value, ``.item()``, ``.numpy()``, a shape that depends on the data); its
+        code is not a function of its arguments alone (it writes globals or
+        attributes, prints, reads a global that is data or a module such as
+        NumPy or ``random``, closes over a tensor, holds a ``torch.Generator``,
+        has non-persistent buffers); it takes or returns complex numbers; it
+        draws from torch's generator more than once without ``key=``;
+        ``shape=``, ``vmap=`` or ``shard=`` is given (they describe a torch
+        call); or the user sets a rule (``op.def_jvp`` and friends: the op
+        becomes ``"call"``'s). ``"call"``: torch runs, as
+        described below. ``"translate"``: JAX code only; an op with no
+        translation, or a program that cannot be captured, is an error naming
+        it. Random ops translate when the op is called with ``key=`` (a JAX
+        key; node i draws from ``jax.random.fold_in(key, i)``); without it,
+        ``"auto"`` runs a single random node as a torch call seeded as
+        ``"call"`` seeds the whole function (the same numbers), and
+        ``"translate"`` raises.
       check: with ``"translate"`` or ``"auto"``: each newly captured program is
         compared once with torch on sampled inputs (outputs, and gradients in
         the floating inputs and parameters); a difference raises ValueError.
 
+    What follows is how torch runs (``"call"``, and the torch calls of ``"auto"``).
     No torch code changes a JAX array: an input the function writes into (found
     by running it once on fake tensors) is handed to it as a private copy, so
     ``x.add_(1)`` acts as ``x + 1`` (torch2jax's out-of-place semantics); other
@@ -164,19 +177,24 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     >>> params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
     >>> jax.grad(lambda p, x: op(p, x).sum())(params, jnp.ones(3))["bias"]
     Array([1., 1.], dtype=float32)
-    >>> fast = ab.from_torch(net, mode="translate")  # JAX code: no torch at run time
-    >>> jax.jit(jax.grad(lambda p, x: fast(p, x).sum()))(params, jnp.ones(3))["bias"]
+    >>> exact = ab.from_torch(net, mode="call")  # torch itself at run time
+    >>> jax.jit(jax.grad(lambda p, x: exact(p, x).sum()))(params, jnp.ones(3))["bias"]
     Array([1., 1.], dtype=float32)
     """
     if isinstance(fn, _api.Op):
         return fn  # already an op, with its own op.torch
     if isinstance(fn, TorchOp):
         return _api.handle_of(fn.op)  # JAX code sent to torch and back: the op itself
+    torch_only = [k for k, v in (("shape", shape), ("vmap", vmap), ("shard", shard))
+                  if v is not None]  # options that describe a torch call
+    if mode == "auto" and torch_only and not check:
+        mode = "call"  # the whole program runs as a torch call, as those options say
     if mode != "call" or check:  # the program as JAX code: _translate
         from . import _translate
         return _translate.from_torch(fn, shape=shape, name=name, vmap=vmap, shard=shard,
                                      replicated=replicated, examples=examples,
-                                     return_state=return_state, mode=mode, check=check,
+                                     return_state=return_state, discard_state=discard_state,
+                                     mode=mode, check=check, torch_only=torch_only,
                                      bridges=sys.modules[__name__])
     given = fn
     if isinstance(fn, torch.nn.Module):
@@ -199,7 +217,8 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     op = FromTorch.of(op)
     return _api.pickled_as(op, from_torch, (given,), dict(
         shape=shape, name=name, vmap=vmap, shard=shard, replicated=replicated,
-        examples=examples, return_state=return_state, discard_state=discard_state))
+        examples=examples, return_state=return_state, discard_state=discard_state,
+        mode="call"))
 
 
 class FromTorch(_api.Op):

@@ -44,7 +44,7 @@ from jax import tree_util
 
 from .. import _api
 from ..core._op import core_of
-from . import _aten, _torch, _trees
+from . import _aten, _draws, _purity, _torch, _trees
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
 
 MODES = ("auto", "translate", "call")
@@ -57,7 +57,7 @@ class Untranslatable(TypeError):
 
 # ----------------------------------------------------------------- the op
 
-def from_torch(fn, *, mode: str, check: bool, bridges, **opts) -> _api.Op:
+def from_torch(fn, *, mode: str, check: bool, torch_only: list, bridges, **opts) -> _api.Op:
     """``ab.from_torch(fn, mode=mode)`` for ``"translate"`` and ``"auto"``: an op whose
     traced function is ``Translated``; ``op.torch`` is the torch code itself, as for
     ``mode="call"``, which ``"auto"`` falls back to where nothing can be captured.
@@ -69,42 +69,100 @@ def from_torch(fn, *, mode: str, check: bool, bridges, **opts) -> _api.Op:
     if mode == "call":
         raise ValueError("ab.from_torch: check=True compares a translated program with torch "
                          "(mode='translate' or 'auto'); mode='call' runs torch itself")
+    if torch_only:
+        raise ValueError(f"ab.from_torch: {'=, '.join(torch_only)}= describe a torch call "
+                         f"(mode='call', which mode='auto' becomes when given them), not a "
+                         f"translated program (mode={mode!r}, check={check})")
     module = isinstance(fn, torch.nn.Module)
-    if opts["return_state"] and not module:
-        raise TypeError(f"ab.from_torch: return_state=True is for an nn.Module (its buffers "
-                        f"after the call), got {type(fn).__name__}")
+    for k in ("return_state", "discard_state"):
+        if opts[k] and not module:
+            raise TypeError(f"ab.from_torch: {k}=True is for an nn.Module (its buffers "
+                            f"after the call), got {type(fn).__name__}")
     if not callable(fn):
         raise TypeError(f"ab.from_torch expects a function of torch tensors or an "
                         f"nn.Module, got {type(fn).__name__}")
     name = opts["name"] or (type(fn).__name__ if module else None) or getattr(
         fn, "__name__", None) or "torch_fn"
     name = re.sub(r"\W", "_", name)
-    call = functools.partial(_bridges.from_torch, fn, **{**opts, "name": name})
-    t = Translated(fn, name, mode, opts["return_state"], check, call)
-    shard = {} if opts["shard"] is None else dict(shard=opts["shard"],
-                                                 replicated=opts["replicated"])
-    handle = _api.bind(t, traced=True, name=name, examples=opts["examples"], **shard)
+    call = functools.partial(_bridges.from_torch, fn, **{**opts, "name": name}, mode="call")
+    t = Translated(fn, name, mode, opts["return_state"], opts["discard_state"], check, call)
+    handle = _api.bind(t, traced=True, name=name, examples=opts["examples"])
     core = core_of(handle)  # op.torch: the torch code itself
     b = _bridges.BRIDGES[core] = _bridges.Bridge(
-        _bridges.TORCH, _bridges._module_function(fn, opts["return_state"], False, name) if module
+        _bridges.TORCH, _bridges._module_function(fn, opts["return_state"],
+                                                  opts["discard_state"], name) if module
         else fn,
         None)
     b.version = core.version
+    handle = _api.subclassed(handle, Auto if mode == "auto" else Captured)
     return _api.pickled_as(handle, _bridges.from_torch, (fn,), dict(opts, mode=mode,
                                                                    check=check))
 
 
-class Translated:
-    """The traced function of a translated op: ``(*args, key=None, **kw) -> outputs``."""
+_FLAGS = "__anybind_training__"  # a module's train/eval flags, as a static keyword
 
-    def __init__(self, fn, name: str, mode: str, return_state: bool, check: bool,
-                 call_op: Callable[[], _api.Op]):
+
+class Captured(_api.Op):
+    """The handle of a translated op: a module op's calls carry the module's train/eval
+    flags as a static keyword, so that switching them after a call makes another
+    ``Call`` of the op, and so another capture (a compiled program keeps its own)."""
+
+    def __call__(self, *args, **kw):
+        core = core_of(self)
+        t = core.fn
+        leaves = tree_util.tree_leaves((args, kw))
+        if any(isinstance(a, torch.Tensor) for a in leaves):  # op.torch's call: torch's own
+            return core(*args, **kw)
+        if t.mode == "auto":  # key= is JAX's: a torch call draws from torch's generator
+            plain = {k: v for k, v in kw.items() if k != "key"}
+            if t.impure:
+                return t.call_op()(*args, **plain)
+            prog, _ = t.capture(args, plain, kw.get("key"))
+            if prog.whole_call:  # mode="call"'s op itself, with its draws and rules
+                return t.call_op()(*args, **plain)
+            if prog.drawing is not None:  # the call's seeds, carried as mode="call" does
+                kw[_draws.DRAWS] = t.draws.seeds_for([a for a in leaves
+                                                     if hasattr(a, "dtype")])
+        if t.module is not None:
+            kw[_FLAGS] = tuple(m.training for m in t.module.modules())
+        return core(*args, **kw)
+
+
+class Auto(Captured):
+    """The handle of a ``mode="auto"`` op. A rule the user gives (``op.def_jvp`` and
+    friends) describes the torch function as ``mode="call"`` runs it, with torch's
+    derived rules for the others: the first one makes this handle ``mode="call"``'s op
+    (pickled as such, with the user's rules), and sets the rule there. Programs traced
+    before keep what they traced, as for every op whose rules change after a call."""
+
+    def _define(self, name: str, rule, kwargs: dict):
+        t = core_of(self).fn
+        call = t.make_call_op()
+        object.__setattr__(self, "__class__", type(call))
+        self.__dict__.clear()
+        self.__dict__.update(call.__dict__)
+        return self._define(name, rule, kwargs)
+
+
+class Translated:
+    """The traced function of a translated op: ``(*args, key=None, **kw) -> outputs``.
+
+    In ``"auto"``, the whole program runs as one torch call (``call_op``, an op of
+    ``mode="call"``) where a capture could differ from it: the code is not a function
+    of its arguments alone (``_purity``), it draws from torch's generator more than
+    once, or ``torch.export`` cannot capture it. (The user's rules: ``Auto``.)"""
+
+    def __init__(self, fn, name: str, mode: str, return_state: bool, discard_state: bool,
+                 check: bool, call_op: Callable[[], _api.Op]):
         self.fn, self.name, self.mode = fn, name, mode
         self.module = fn if isinstance(fn, torch.nn.Module) else None
-        self.return_state, self.check, self.make_call_op = return_state, check, call_op
+        self.return_state, self.discard_state = return_state, discard_state
+        self.check, self.make_call_op = check, call_op
         self.programs: dict = {}
         self.lock = threading.Lock()
         self._call_op = None
+        self.impure = _purity.impure(fn) if mode == "auto" else None
+        self.draws = _draws.Draws(fn, name)  # torch's generator, for "auto"'s random node
         self.__name__ = name
 
     def __repr__(self) -> str:
@@ -115,30 +173,42 @@ class Translated:
             self._call_op = self.make_call_op()
         return self._call_op
 
-    def __call__(self, *args, key=None, **kw):
-        arrays, static, sig = _signature(args, kw, key)
+    def capture(self, args, kw: dict, key) -> tuple:
+        """(the ``Program`` for a call with these arguments, captured on first use, and
+        the call's array keywords)."""
+        arrays, static, sig = _signature(args, kw, key, self.module)
         with self.lock:
             prog = self.programs.get(sig)
             if prog is None:
                 prog = self.programs[sig] = Program(self, args, arrays, static, key is not None)
+        return prog, arrays
+
+    def __call__(self, *args, key=None, **kw):
+        kw.pop(_FLAGS, None)  # (the signature reads the module's flags itself)
+        seeds = kw.pop(_draws.DRAWS, None)
+        if self.impure:
+            return self.call_op()(*args, **kw)
+        prog, arrays = self.capture(args, kw, key)
         if prog.whole_call:  # "auto" where nothing of the program can be captured
             return self.call_op()(*args, **kw)
-        return prog.run(args, arrays, key)
+        return prog.run(args, arrays, key, seeds)
 
     def program(self, *args, key=None, **kw) -> Program:
         """The ``Program`` a call with these arguments runs (captured on first use)."""
         jax.eval_shape(lambda a, k: self(*a, key=key, **k), args, kw)
-        return self.programs[_signature(args, kw, key)[2]]
+        return self.programs[_signature(args, kw, key, self.module)[2]]
 
 
-def _signature(args, kw, key) -> tuple:
-    """(array keywords, static keywords, the call signature a program is captured for)."""
+def _signature(args, kw, key, module=None) -> tuple:
+    """(array keywords, static keywords, the call signature a program is captured for:
+    with a module's train/eval flags, which its capture bakes in)."""
     arrays = {k: v for k, v in kw.items() if _is_array(v)}
     static = {k: v for k, v in kw.items() if k not in arrays}
     sig = (tree_util.tree_structure((args, arrays)),
            tuple((tuple(np.shape(a)), np.dtype(a.dtype))
                  for a in tree_util.tree_leaves((args, arrays))),
-           _static_key(static), key is not None)
+           _static_key(static), key is not None,
+           None if module is None else tuple(m.training for m in module.modules()))
     return arrays, static, sig
 
 
@@ -186,6 +256,7 @@ class Program:
 
     def __init__(self, t: Translated, args, arrays: dict, static: dict, keyed: bool):
         self.t, self.keyed, self.whole_call = t, keyed, False
+        self.drawing = None  # "auto"'s one random node run by torch (its seeds: the call's)
         self.fallback: dict = {}  # fx node -> the mode="call" op that runs it
         if t.module is not None:
             if not args or not isinstance(args[0], dict):
@@ -223,8 +294,11 @@ class Program:
         flat_ex, _ = _torch.tree_flatten((ex[0], kwargs))
         self.user = [where.get(id(e)) for e in flat_ex if isinstance(e, torch.Tensor)]
         self.leaves_n = len(leaves)
-        self._inputs(ep, params)
+        if not self._inputs(ep, params):  # "auto": mode="call"'s op says what is wrong
+            self.whole_call = True
+            return
         self._outputs(ep)
+        self._state()
         self._scan()
         if t.check and not self.whole_call:  # on a thread of its own: no trace is active
             failed: list = []                  # there (JAX's trace state is per thread)
@@ -236,7 +310,7 @@ class Program:
                 raise failed[0]
 
     # where each placeholder comes from
-    def _inputs(self, ep, params):
+    def _inputs(self, ep, params) -> bool:
         t, sig = self.t, ep.graph_signature
         self.sources = []  # per placeholder: ("param"|"buffer", name) / ("user", i) / ("const", v)
         user = iter(self.user)
@@ -259,18 +333,23 @@ class Program:
                     self.sources.append(None)
             elif kind in ("CONSTANT_TENSOR",):
                 self.sources.append(("const", ep.constants[spec.target]))
+            elif t.mode == "auto":  # a torch.Generator, a script object: torch runs it
+                return False
             else:
                 raise Untranslatable(f"anybind op '{t.name}': the captured program takes a "
                                      f"{kind} input ({spec.target}), which has no JAX form")
         if t.module is not None:
             known = {n for group in names.values() for n in group}
             unknown = sorted(set(params) - known)
+            if (missing or unknown) and t.mode == "auto":
+                return False
             if missing or unknown:
                 raise KeyError(
                     f"anybind op '{t.name}': params must hold the names of "
                     f"module.state_dict(); missing: {sorted(missing)}, unknown: {unknown}")
             buffers = {n for n, _ in t.module.named_buffers(remove_duplicate=False)}
             self.buffer_names = [n for n in params if n in buffers]
+        return True
 
     def _outputs(self, ep):
         self.sinks = []  # per graph output: ("user", i) / ("buffer", name) / None (ignored)
@@ -286,11 +365,38 @@ class Program:
                 self.sinks.append(None)
         self.out_spec = ep.call_spec.out_spec
 
+    def _state(self):
+        """Buffer updates must come back (``return_state``) or be dropped on purpose
+        (``discard_state``), as in ``mode="call"``: otherwise a ``StateError``."""
+        t = self.t
+        written = sorted(s[1] for s in self.sinks if s is not None and s[0] == "buffer")
+        if written and not (t.return_state or t.discard_state):
+            raise _BRIDGES.StateError(
+                f"anybind op '{t.name}': the module is in train mode and its call updates "
+                f"the buffer(s) {written}, which the op would drop. Take them back with "
+                f"ab.from_torch(module, return_state=True) (the op returns (out, state)), "
+                f"or call module.eval() first; ab.from_torch(module, discard_state=True) "
+                f"drops them on purpose")
+
     def _scan(self):
         """The nodes without a translation: an error (translate), or torch calls (auto)."""
         t = self.t
         missing: dict[str, list[str]] = {}
         random: dict[str, list[str]] = {}
+        dynamic = [n.name for n in self.graph.nodes if not _static_shapes(n)]
+        if dynamic:  # a shape that depends on the data (nonzero, .item() as a size)
+            if t.mode == "translate":
+                raise Untranslatable(
+                    f"anybind op '{t.name}': mode='translate' found node(s) {dynamic[:4]} "
+                    f"whose shape depends on the values of the data, which a JAX program "
+                    f"cannot have; mode='auto' runs such a program as one torch call")
+            self.whole_call = True
+            return
+        ends = [n for n in self.graph.nodes if n.op == "placeholder"] + [
+            a for n in self.graph.nodes if n.op == "output" for a in _tensor_inputs(n)]
+        if t.mode == "auto" and any(_complex(n) for n in ends):
+            self.whole_call = True  # complex inputs or outputs: JAX's conventions for their
+            return                  # derivatives are not checked against torch's: torch runs
         for node in self.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
@@ -306,6 +412,9 @@ class Program:
             return
         if t.mode == "translate":
             raise Untranslatable(_missing_message(t.name, missing, random))
+        if sum(map(len, random.values())) > 1:  # torch's stream of numbers as mode="call"
+            self.whole_call = True                # draws it: one seed for all the draws
+            return
         for node in self.graph.nodes:
             if node.op in ("placeholder", "output"):
                 continue
@@ -316,10 +425,12 @@ class Program:
                     self.whole_call = True
                     return
                 self.fallback[node] = op
+                if name in random:
+                    self.drawing = node
 
     # -------------------------------------------------------------- running
 
-    def run(self, args, arrays: dict, key):
+    def run(self, args, arrays: dict, key, seeds=None):
         t = self.t
         params = args[0] if t.module is not None else None
         inputs = args[1:] if t.module is not None else args
@@ -336,7 +447,7 @@ class Program:
             else:
                 values.append(_constant(what))
         with jax.numpy_rank_promotion("allow"):  # torch broadcasts across ranks
-            outs = lower(self.graph, values, key, self.fallback, t.name)
+            outs = lower(self.graph, values, key, self.fallback, t.name, self.drawing, seeds)
         user, state = [], {}
         for sink, v in zip(self.sinks, outs):
             if sink is None:
@@ -354,6 +465,23 @@ class Program:
                         new[n] = state[alias]
             return out, new
         return out
+
+
+def _complex(node) -> bool:
+    val = node.meta.get("val")
+    return any(isinstance(v, torch.Tensor) and v.is_complex()
+               for v in (val if isinstance(val, list | tuple) else (val,)))
+
+
+def _static_shapes(node) -> bool:
+    """Whether every tensor the node gives has a shape known before the data is."""
+    val = node.meta.get("val")
+    for v in val if isinstance(val, list | tuple) else (val,):
+        if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
+            return False
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return False
+    return True
 
 
 def _constant(v):
@@ -443,8 +571,10 @@ def _np(d) -> np.dtype:
     return jax.dtypes.canonicalize_dtype(_TORCH_TO_NP[d])
 
 
-def lower(graph, inputs: list, key, fallback: dict, name: str) -> list:
-    """The graph's outputs, each node lowered by its rule (or run by its fallback op)."""
+def lower(graph, inputs: list, key, fallback: dict, name: str, drawing=None,
+          seeds=None) -> list:
+    """The graph's outputs, each node lowered by its rule (or run by its fallback op;
+    ``drawing``, a random node run by torch, with the call's ``seeds``)."""
     env: dict = {}
     it = iter(inputs)
     load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
@@ -455,7 +585,10 @@ def lower(graph, inputs: list, key, fallback: dict, name: str) -> list:
             return list(load(node.args[0]))
         elif node in fallback:
             tensors = [env[n] for n in _tensor_inputs(node)]
-            env[node] = fallback[node](*tensors)
+            if node is drawing and seeds is not None:  # the draws the call carries
+                env[node] = core_of(fallback[node])(*tensors, **{_draws.DRAWS: seeds})
+            else:
+                env[node] = fallback[node](*tensors)
         else:
             info = Node(node, index, key)
             args, kwargs = load(node.args), load(node.kwargs)
@@ -518,7 +651,7 @@ def _node_op(name: str, node) -> _api.Op | None:
     op_name = re.sub(r"\W", "_", f"{name}_{node.name}")
     call.__name__ = op_name
     return _BRIDGES.from_torch(call, shape=spec if isinstance(val, list | tuple) else spec[0],
-                               name=op_name)
+                               name=op_name, mode="call")
 
 
 # ------------------------------------------------------------------ check=True
