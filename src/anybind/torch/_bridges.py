@@ -46,9 +46,10 @@ from ..core._errors import HostError
 from ..core._jax import ShapedArray
 from ..core._op import MODES, core_of, is_mode
 from ..core._spec import infer_outputs, is_float, like as ab_like
-from . import _draws, _effects, _jax_engine, _torch, _torch_engine
+from . import _draws, _effects, _jax_engine, _torch, _torch_engine, _trees
 from ._front import TorchOp, _compiled_entry, front_of
 from ._run import _NP_TO_TORCH, _TORCH_TO_NP
+from ._trees import OutputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,16 +493,6 @@ def _torch_dtype(d) -> torch.dtype:
     return got
 
 
-class OutputError(TypeError):
-    """A torch function's output that no JAX pytree of arrays can hold."""
-
-
-def _shown(v) -> str:
-    kind = f"{type(v).__module__}.{type(v).__qualname__}"
-    text = repr(v)
-    return f"a {kind} ({text[:60] + '...' if len(text) > 60 else text})"
-
-
 class FakeSpec:
     """``shape=None`` of ``from_torch``: the output spec from torch's fake tensors."""
 
@@ -539,15 +530,7 @@ class FakeSpec:
             lambda s: make(s.shape, dtype=_torch_dtype(s.dtype))
             if isinstance(s, jax.ShapeDtypeStruct) else s, (args, kw))
         out = _torch_engine.plain_tree(self.fn(*a, **k))
-        for path, t in tree_util.tree_leaves_with_path(out):
-            if not isinstance(t, torch.Tensor):
-                raise OutputError(
-                    f"anybind op '{self.name}': the torch function's output "
-                    f"{tree_util.keystr(path) or '(the whole output)'} is {_shown(t)}; "
-                    f"expected a tensor or a Python number, in containers both torch's "
-                    f"and JAX's pytrees can hold (tuple, list, dict, a named tuple, "
-                    f"a torch structseq, None, or a class registered with "
-                    f"torch.utils._pytree or jax.tree_util)")
+        _trees.check_leaves(self.name, out, torch.Tensor)
         return tree_util.tree_map(
             lambda t: jax.ShapeDtypeStruct(tuple(t.shape), _np_dtype(t)), out)
 

@@ -457,6 +457,7 @@ class Program:
             else:
                 state[sink[1]] = v
         out = _plain(_torch.tree_unflatten(user, self.out_spec))
+        _trees.check_leaves(t.name, out, (jax.Array, np.ndarray))
         if t.module is not None and t.return_state:
             new = {n: jax.lax.stop_gradient(params[n]) for n in self.buffer_names}
             for n in self.buffer_names:

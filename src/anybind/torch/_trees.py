@@ -50,6 +50,26 @@ def jax_tree(out, number: Callable):
                               is_leaf=lambda o: o is not out)
 
 
+class OutputError(TypeError):
+    """A torch function's output that no JAX pytree of arrays can hold."""
+
+
+def check_leaves(name: str, out, array: type | tuple[type, ...]) -> None:
+    """Each leaf of ``out`` (``jax_tree``'s) is an ``array``, or an error naming the op,
+    the output and what it is."""
+    for path, leaf in tree_util.tree_leaves_with_path(out):
+        if not isinstance(leaf, array):
+            text = repr(leaf)
+            raise OutputError(
+                f"anybind op '{name}': the torch function's output "
+                f"{tree_util.keystr(path) or '(the whole output)'} is a "
+                f"{type(leaf).__module__}.{type(leaf).__qualname__} "
+                f"({text[:60] + '...' if len(text) > 60 else text}); expected a tensor or a "
+                f"Python number, in containers both torch's and JAX's pytrees can hold "
+                f"(tuple, list, dict, a named tuple, a torch structseq, None, or a class "
+                f"registered with torch.utils._pytree or jax.tree_util)")
+
+
 def number_dtype(v) -> np.dtype:
     """The dtype of the array JAX makes of a returned number: a NumPy scalar's own, a
     Python number's canonical one (64-bit with ``jax_enable_x64``, else 32-bit)."""
