@@ -32,13 +32,14 @@ from .routes._compiled import (
     deserialize,
     dtype_code,
     numba_signature,
+    serialize,
 )
 from .routes._state import State
 
 __all__ = ["bind", "like", "Op", "HostError", "MissingRuleError", "check", "RuleError",
            "C_SIGNATURE", "GPU_SIGNATURE", "numba_signature", "ctypes_signature", "dtype_code",
-           "State", "reversible_loop", "root", "fixed_point", "debug", "deserialize",
-           "from_torch", "to_torch"]
+           "State", "reversible_loop", "root", "fixed_point", "debug", "serialize",
+           "deserialize", "from_torch", "to_torch"]
 __version__ = "0.1.0"
 
 _register_traceback_exclusion(_os.path.dirname(__file__))

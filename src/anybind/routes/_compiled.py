@@ -625,12 +625,52 @@ EXPORT_WINDOW = ("jax reads the programs of its own compatibility window only: j
                  "read those written by jax 0.12 (serialization version 12)")
 
 
-def deserialize(data: bytes | bytearray):
-    """``jax.export.deserialize(data)``, saying which anybind ops a refused program calls.
+# ab.serialize's header: these bytes, then the SHA-256 digest of the JAX program after it.
+SEALED = b"anybind-export\x00\x01"
 
-    JAX alone decides whether it can read a program written by another release;
-    where it refuses, the error names the compiled anybind ops of this process
-    that the program calls, the JAX release reading it, and the window.
+
+def serialize(exported) -> bytes:
+    """``exported.serialize()``, sealed with its SHA-256 digest for ``ab.deserialize``.
+
+    ``ab.deserialize`` checks the digest before JAX reads a byte, so a program
+    damaged in storage or transit is an error, never a crash of JAX's reader
+    (which aborts the process on some single-bit flips). A digest is no signature:
+    load programs only from sources you trust (the contracts page).
+
+    >>> import jax, jax.numpy as jnp, anybind as ab
+    >>> data = ab.serialize(jax.export.export(jax.jit(jnp.sin))(jnp.ones(3)))
+    >>> ab.deserialize(data).in_avals[0].shape
+    (3,)
+    """
+    program = bytes(exported.serialize())
+    return SEALED + hashlib.sha256(program).digest() + program
+
+
+def _unsealed(data: bytes) -> bytes:
+    """The JAX program inside ``ab.serialize``'s bytes, checked; other bytes unchanged.
+
+    A header within a few bits of ``SEALED`` is a damaged seal, not JAX's format."""
+    head = data[:len(SEALED)]
+    flipped = sum(bin(x ^ y).count("1") for x, y in zip(head, SEALED))
+    if len(head) < len(SEALED) or flipped > 8:
+        return data
+    digest, program = data[len(SEALED):len(SEALED) + 32], data[len(SEALED) + 32:]
+    if flipped or hashlib.sha256(program).digest() != digest:
+        raise ValueError(f"anybind: this exported program is damaged: its bytes (ab.serialize's, "
+                         f"{len(data)} bytes) do not match the SHA-256 digest they were sealed "
+                         f"with, so JAX is not given them. Export and serialize it again")
+    return program
+
+
+def deserialize(data: bytes | bytearray):
+    """``jax.export.deserialize(data)``, checking ``ab.serialize``'s digest first and
+    saying which anybind ops a refused program calls.
+
+    ``data`` is ``ab.serialize``'s (damaged bytes are an error before JAX reads
+    them) or JAX's own ``Exported.serialize()``'s. JAX alone decides whether it
+    can read a program written by another release; where it refuses, the error
+    names the compiled anybind ops of this process that the program calls, the
+    JAX release reading it, and the window.
 
     >>> import jax, jax.numpy as jnp, anybind as ab
     >>> exported = jax.export.export(jax.jit(jnp.sin))(jnp.ones(3))
@@ -638,10 +678,10 @@ def deserialize(data: bytes | bytearray):
     (3,)
     """
     import jax.export
+    blob = _unsealed(bytes(data))
     try:
-        return jax.export.deserialize(bytearray(data))
+        return jax.export.deserialize(bytearray(blob))
     except (ValueError, NotImplementedError) as e:
-        blob = bytes(data)
         with _lock:
             names = sorted(n for n in _names if n.encode() in blob)
         calls = (f"calls the anybind ops {names}" if names else
