@@ -473,7 +473,7 @@ def test_to_torch_backward_error_names_the_op(how):
 # ------------------------------------------- tampered exported programs
 
 _TAMPERED = """
-    import os, pathlib, select, signal, sys
+    import os, pathlib, select, signal, sys, time
     import jax, numpy as np
     import anybind as ab
     import compiled_ops
@@ -486,12 +486,15 @@ _TAMPERED = """
         x, y = np.arange(6.0).reshape(2, 3), np.full((2, 3), 2.0)
         return jax.jit(jax.vmap(op)), x, y  # by rows: the shim's row count is in the program
 
-    def load(data, bit):
+    def load(data, bit, said):
         _, x, y = build()
         if bit >= 0:
             data[bit // 8] ^= 1 << (bit % 8)
         try:
-            out = jax.export.deserialize(bytes(data)).call(x, y)
+            exported = jax.export.deserialize(bytes(data))
+            exported.mlir_module()  # JAX's reader has parsed the whole program
+            said("READ ")
+            out = exported.call(x, y)
             return "RAN " + str(np.asarray(out).ravel().tolist())
         except Exception as e:  # an error is fine; a hang or a crash is not
             return "ERROR " + type(e).__name__
@@ -504,6 +507,8 @@ _TAMPERED = """
     # Each flip runs in a process of its own, forked from this one before JAX has started
     # a backend (the imports are shared, not the runtime); a child that has not answered
     # in TIMEOUT seconds is killed and reported as hung, one that dies of a signal as such.
+    # "READ" comes first once JAX's reader has parsed the program: what happens before
+    # it happens in JAX's reader, before any of anybind's code sees the program.
     TIMEOUT = float(sys.argv[3])
     data = bytearray(pathlib.Path(sys.argv[2]).read_bytes())
     for bit in map(int, sys.argv[4:]):
@@ -511,30 +516,42 @@ _TAMPERED = """
         pid = os.fork()
         if pid == 0:
             os.close(r)
+            said = lambda text: os.write(w, text.encode())
             try:
-                answer = load(data, bit)
+                answer = load(data, bit, said)
             except BaseException as e:
                 answer = "FAILED " + repr(e)
-            os.write(w, answer.encode())
+            said(answer)
             os._exit(0)
         os.close(w)
-        ready = select.select([r], [], [], TIMEOUT)[0]
-        answer = os.read(r, 1 << 16).decode() if ready else ""
-        if not ready:
+        answer, deadline = b"", time.monotonic() + TIMEOUT
+        while select.select([r], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(r, 1 << 16)
+            if not chunk:
+                break
+            answer += chunk
+        hung = time.monotonic() >= deadline
+        if hung:
             os.kill(pid, signal.SIGKILL)
         status = os.waitpid(pid, 0)[1]
         os.close(r)
-        if not ready:
-            answer = "HUNG"
-        elif os.WIFSIGNALED(status):
-            answer = "DIED of " + signal.Signals(os.WTERMSIG(status)).name
-        print(bit, answer, flush=True)
+        answer = answer.decode()
+        if hung or os.WIFSIGNALED(status):
+            where = "after JAX read it" if answer.startswith("READ") else "in JAX's reader"
+            end = "HUNG" if hung else "DIED of " + signal.Signals(os.WTERMSIG(status)).name
+            answer = f"{end} {where}"
+        print(bit, answer.removeprefix("READ "), flush=True)
 """
-TAMPERED_SAMPLE = 64  # single-bit flips tried, each in its own process (of ~13,500 bits)
+TAMPERED_SAMPLE = 96  # single-bit flips tried, each in its own process (of ~13,500 bits)
 
 
 @pytest.mark.slow  # starts a process per flipped bit
 def test_every_sampled_bit_flip_of_an_exported_program_errors_or_runs(tmp_path):
+    """A flipped bit of a program JAX reads gives an error or a result, never a hang or a
+    crash. JAX's own reader (jax 0.12) hangs or aborts on some flips of the StableHLO
+    bytes (found by flipping every bit of this program, each in its own process): those
+    happen before anybind sees the program, and ab.serialize's digest turns them into
+    errors (the next test); here they are told apart and left to JAX."""
     pytest.importorskip("flatbuffers")
     script = tmp_path / "tampered.py"
     script.write_text(__import__("textwrap").dedent(_TAMPERED))
@@ -543,17 +560,18 @@ def test_every_sampled_bit_flip_of_an_exported_program_errors_or_runs(tmp_path):
     def run(*args):
         return fresh_stdout(run_fresh_python(
             f"import sys; sys.argv = ['', *{list(map(str, args))!r}]; "
-            f"exec(open({str(script)!r}).read())", timeout=600))
+            f"exec(open({str(script)!r}).read())", timeout=900))
     assert "EXPORTED" in run("export", program)
     assert run("run", program, 90, -1) == "-1 RAN [0.0, 4.0, 8.0, 12.0, 16.0, 20.0]\n"
     n_bits = 8 * program.stat().st_size
     bits = sorted(int(b) for b in np.random.default_rng(0).choice(n_bits, TAMPERED_SAMPLE,
                                                                   replace=False))
-    answers = dict(line.split(" ", 1) for line in run("run", program, 90, *bits).splitlines())
+    answers = dict(line.split(" ", 1) for line in run("run", program, 60, *bits).splitlines())
     assert sorted(map(int, answers)) == bits, answers
     for bit, answer in answers.items():
         where = f"flipping bit {int(bit) % 8} of byte {int(bit) // 8}"
-        assert answer.startswith(("RAN", "ERROR")), f"{where}: {answer}"
+        assert answer.startswith(("RAN", "ERROR")) or answer.endswith("in JAX's reader"), \
+            f"{where}: {answer}"
 
 
 def test_every_single_bit_flip_of_a_sealed_program_is_an_error_before_jax_reads_it():
