@@ -114,17 +114,22 @@ def test_more_than_256_calls_before_their_gradients():
         _check(y, pb(jnp.ones(32))[0], x)
 
 
-@pytest.mark.parametrize("mode", ["sequential", "expand_dims", "broadcast_all"])
-def test_vmap_modes_over_equal_rows(mode):
-    op = ab.from_torch(lambda x: torch.nn.functional.dropout(x, 0.5) * x, vmap=mode)
-    xs = jnp.tile(_x(32), (6, 1))
-
+def _vmapped(op, xs):
+    """(ys, gradient) of Σ vmap(op)(xs), eagerly and under jit."""
     def loss(xs):
         ys = jax.vmap(op)(xs)
         return ys.sum(), ys
     for run in (jax.value_and_grad(loss, has_aux=True),
                 jax.jit(jax.value_and_grad(loss, has_aux=True))):
         (_, ys), g = run(xs)
+        yield ys, g
+
+
+@pytest.mark.parametrize("mode", ["sequential", "expand_dims", "broadcast_all"])
+def test_vmap_modes_over_equal_rows(mode):
+    op = ab.from_torch(lambda x: torch.nn.functional.dropout(x, 0.5) * x, vmap=mode)
+    xs = jnp.tile(_x(32), (6, 1))
+    for ys, g in _vmapped(op, xs):
         assert_close(g, _grad_of_mask(ys, xs))
         if mode == "sequential":  # one call per row: each row draws its own mask
             assert len({tuple(np.asarray(r) != 0) for r in ys}) > 1
@@ -136,12 +141,7 @@ def test_vmap_by_torch_vmap_and_by_a_rule():
     by_rule = ab.from_torch(lambda x: torch.nn.functional.dropout(x, 0.5) * x, vmap=rule)
     xs = jnp.tile(_x(32), (4, 1))
     for op in (by_torch, by_rule):
-        def loss(xs):
-            ys = jax.vmap(op)(xs)
-            return ys.sum(), ys
-        for run in (jax.value_and_grad(loss, has_aux=True),
-                    jax.jit(jax.value_and_grad(loss, has_aux=True))):
-            (_, ys), g = run(xs)
+        for ys, g in _vmapped(op, xs):
             assert_close(g, _grad_of_mask(ys, xs))
 
 
