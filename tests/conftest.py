@@ -9,9 +9,9 @@ deleted at any time. (JAX's size bound is not set: it locks the folder and scans
 on every read and write; in the one CI run with it set, the main test step took 12
 minutes instead of 7.)
 
-The PyTorch front end's tests (test_torch*.py) and the bridges' (test_bridges*.py) need
-the ``torch`` extra; without it they are not collected (CI runs them in a step of their
-own that installs it).
+The PyTorch front end's tests (test_torch*.py), the bridges' (test_bridges*.py) and
+test_trust_round4_torch.py need the ``torch`` extra; without it they are not collected
+(CI's test step installs it).
 """
 import importlib.util
 import os
@@ -27,5 +27,5 @@ if _CACHE:
     jax.config.update("jax_compilation_cache_dir", _CACHE)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
-collect_ignore_glob = [] if importlib.util.find_spec("torch") else ["test_torch*.py",
-                                                                   "test_bridges*.py"]
+collect_ignore_glob = [] if importlib.util.find_spec("torch") else [
+    "test_torch*.py", "test_bridges*.py", "test_trust_round4_torch.py"]
