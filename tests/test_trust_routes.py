@@ -7,6 +7,7 @@ so that a segfault fails the test instead of ending the run.
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -198,6 +199,27 @@ def test_an_exception_with_a_broken_message_still_names_the_op(host_route, exc, 
         jax.block_until_ready(jax.jit(op)(np.ones(3)))
     with pytest.raises(ab.HostError, match="anybind op 'broken_message'"), ab.debug():
         jax.block_until_ready(jax.jit(op)(np.ones(3) + 1))
+
+
+def test_views_handed_to_jax_or_left_in_garbage_are_no_false_alarm(host_route):
+    """A view that only jaxlib's garbage (a zero-copy transfer into JAX) or a reference
+    cycle awaiting the collector still holds when host code returns is not kept."""
+    cos = jax.jit(jnp.cos)
+
+    def to_jax(x):
+        return np.asarray(cos(x)) + np.asarray(jnp.sin(x))
+
+    def in_a_cycle(x):
+        cycle: list = [x[1:]]
+        cycle.append(cycle)
+        return x * 2
+
+    x = randn(5, seed=1)
+    for fn, want in ((to_jax, np.cos(x) + np.sin(x)), (in_a_cycle, 2 * x)):
+        op = ab.bind(fn, shape=ab.like(0), name=fn.__name__)
+        for f in (op, jax.jit(op)):
+            for _ in range(3):
+                np.testing.assert_allclose(f(x), want, rtol=1e-6)
 
 
 def test_a_base_exception_of_host_code_names_the_op():

@@ -120,7 +120,8 @@ def buffer_callback(guarded: Callable, n_out: int) -> Callable:
             raise
         if _held(ins) or _held(outs):
             _jax.collect_garbage()  # jaxlib's garbage (what a transfer held) may hold them,
-            gc.collect()  # or garbage awaiting the collector (reference cycles)
+            if _held(ins) or _held(outs):
+                gc.collect()  # or garbage awaiting the collector (reference cycles)
             if _held(ins) or _held(outs):
                 kept_in = [i for i in range(n) if getrefcount(ins[i]) > 2]  # list, argument
                 kept_out = [j for j in range(n_out) if getrefcount(outs[j]) > 2]

@@ -391,6 +391,14 @@ static void settle(PyObject **vs, PyObject **ls, int64_t n_in, int64_t n, PyObje
 
 /* -------------------------------------------------------------- handler */
 
+/* Whether anyone but the handler holds a view or its lease. */
+static int still_held(PyObject **vs, PyObject **ls, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2) return 1;
+  return 0;
+}
+
+
 static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
   PREAMBLE(frame);
 
@@ -465,8 +473,7 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
     res = PyObject_Vectorcall(fn, argv, 2, NULL);
     Py_CLEAR(ins);
     Py_CLEAR(outs);
-    int held = 0; /* anyone but the handler holding a view or its lease */
-    for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
+    int held = still_held(vs, ls, n);
     if (held && res != NULL) { /* jaxlib's garbage (a NumPy array that a zero-copy transfer
                                   of host code's held, let go of without the GIL) or garbage
                                   awaiting the collector (reference cycles) may hold them; a
@@ -475,10 +482,12 @@ static XLA_FFI_Error *handler(XLA_FFI_CallFrame *frame) {
         PyObject *r = PyObject_CallNoArgs(on_held);
         Py_XDECREF(r);
         PyErr_Clear();
+        held = still_held(vs, ls, n);
       }
-      PyGC_Collect();
-      held = 0;
-      for (int64_t i = 0; i < n; ++i) held |= Py_REFCNT(vs[i]) != 1 || Py_REFCNT(ls[i]) != 2;
+      if (held) { /* a full collection costs tens of ms with large libraries loaded */
+        PyGC_Collect();
+        held = still_held(vs, ls, n);
+      }
     }
     if (held) {
       settle(vs, ls, n_in, n, what, res == NULL);
