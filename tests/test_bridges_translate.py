@@ -222,6 +222,21 @@ def test_auto_calls_torch_for_the_rest_inside_one_program():
     assert_close(t, central_difference(op, x, dx), rtol=1e-6, atol=1e-6)
 
 
+def test_a_custom_op_registered_after_a_capture_decomposes_as_torchs_default_table():
+    """The split decomposition table is made once per set of registered ops: an op
+    registered after a capture is decomposed as ``run_decompositions()`` does it."""
+    assert_close(ab.from_torch(torch.sin, mode="translate")(jnp.ones(3)), np.sin(np.ones(3)))
+    lib = torch.library.Library("anybind_test_later", "DEF")
+    lib.define("affine(Tensor x) -> Tensor")
+    lib.impl("affine", lambda x: x * 2 + 1, "CompositeImplicitAutograd")
+    op = ab.from_torch(lambda x: torch.ops.anybind_test_later.affine(x), mode="translate")
+    x = np.linspace(0.0, 1.0, 5)
+    assert_close(op(x), 2 * x + 1)
+    names = {_aten.name_of(n.target) for n in op.fn.program(x).graph.nodes
+             if n.op == "call_function"}
+    assert names == {"aten::mul.Tensor", "aten::add.Tensor"}
+
+
 def _data_dependent(x):
     if x.sum().item() > 0:  # torch.export cannot capture a branch on a value
         return x * 2

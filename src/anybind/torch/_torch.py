@@ -200,3 +200,32 @@ def aten_packets() -> list[str]:
     core set; ``torch._C._dispatch_get_all_op_names``, 2.0)."""
     return sorted({n.split("::", 1)[1].split(".")[0] for n in _C._dispatch_get_all_op_names()
                    if n.startswith("aten::")})
+
+
+_CORE_ATEN: list = [None, None]  # [the count of registered ops it was made for, the table]
+
+
+def to_core_aten(ep):
+    """``ep.run_decompositions()``: the program in the core ATen op set, by torch's own
+    default table, split into torch's two kinds of decomposition once, not per capture.
+
+    ``run_decompositions`` materializes ``default_decompositions()`` and splits it by
+    walking every registered op on each call: 0.1-0.3 s, most of a small program's
+    capture. The split (``torch.export.exported_program``'s
+    ``_split_decomp_table_to_cia_and_python_decomp`` and ``_decompose_exported_program``,
+    both 2.6) is made again whenever an op has been registered or removed since
+    (``_C._dispatch_get_all_op_names``, 5 ms), so a custom op registered later is
+    decomposed as ``run_decompositions`` would. Where torch's names differ, it is
+    ``run_decompositions()`` itself."""
+    from torch.export import exported_program as _ep
+    split = getattr(_ep, "_split_decomp_table_to_cia_and_python_decomp", None)
+    decompose = getattr(_ep, "_decompose_exported_program", None)
+    if split is None or decompose is None:
+        return ep.run_decompositions()
+    n = len(_C._dispatch_get_all_op_names())
+    if _CORE_ATEN[0] != n:
+        _CORE_ATEN[1] = split(torch.export.default_decompositions().materialize())
+        _CORE_ATEN[0] = n
+    cia, python = _CORE_ATEN[1]
+    return decompose(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python),
+                     joint_loss_index=None, decompose_custom_triton_ops=False)

@@ -278,7 +278,7 @@ class Program:
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
                 warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
-                ep = torch.export.export(module, ex[0], kwargs).run_decompositions()
+                ep = _torch.to_core_aten(torch.export.export(module, ex[0], kwargs))
                 for k, v in module.state_dict().items():  # capture changes nothing
                     if not torch.equal(v, kept[k]):
                         v.copy_(kept[k])
