@@ -211,9 +211,10 @@ def to_core_aten(ep):
 
     ``run_decompositions`` materializes ``default_decompositions()`` and splits it by
     walking every registered op on each call: 0.1-0.3 s, most of a small program's
-    capture. The split (``torch.export.exported_program``'s
-    ``_split_decomp_table_to_cia_and_python_decomp`` and ``_decompose_exported_program``,
-    both 2.6) is made again whenever an op has been registered or removed since
+    capture. The split (torch's
+    ``torch.export.exported_program._split_decomp_table_to_cia_and_python_decomp``,
+    applied by ``torch.export.exported_program._decompose_exported_program``, both
+    2.6) is made again whenever an op has been registered or removed since
     (``_C._dispatch_get_all_op_names``, 5 ms), so a custom op registered later is
     decomposed as ``run_decompositions`` would. Where torch's names differ, it is
     ``run_decompositions()`` itself."""
