@@ -14,6 +14,33 @@ def rng(seed: int = SEED) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+class np_random:
+    """The calls of ``jax.random`` that ported suites make their inputs with, drawn by
+    NumPy instead: on the CPU each new shape of ``jax.random.normal`` is about a second
+    of XLA compiling (its threefry program), which the inputs of a test need not cost.
+    A key is a seed; ``split`` derives seeds from it."""
+
+    @staticmethod
+    def PRNGKey(seed: int) -> int:  # noqa: N802  (jax.random's name)
+        return int(seed)
+
+    @staticmethod
+    def split(key: int, num: int = 2) -> list:
+        return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(key).spawn(num)]
+
+    @staticmethod
+    def normal(key: int, shape=()):
+        return jnp.asarray(rng(key).normal(size=shape))
+
+    @staticmethod
+    def uniform(key: int, shape=(), minval=0.0, maxval=1.0):
+        return jnp.asarray(rng(key).uniform(minval, maxval, size=shape))
+
+    @staticmethod
+    def randint(key: int, shape, minval: int, maxval: int):
+        return jnp.asarray(rng(key).integers(minval, maxval, size=shape))
+
+
 def randn(shape, dtype=np.float64, seed: int = SEED) -> np.ndarray:
     r = rng(seed)
     if np.issubdtype(dtype, np.complexfloating):

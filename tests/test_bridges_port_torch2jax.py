@@ -18,12 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from jax import random
 
 import anybind as ab
 from helpers import (
     assert_close,
     check_first_order,
+    np_random as random,
     tree_central_difference,
     tree_inner,
     tree_randn_like,

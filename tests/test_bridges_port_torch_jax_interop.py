@@ -63,8 +63,8 @@ def test_torch_to_jax_nn_module():
 def test_use_torch_module_in_jax_graph(with_jit, input_needs_grad):
     net = _torch_cnn()
     fn, params = ab.from_torch(net), _params(net)
-    x = jax.random.normal(jax.random.key(0), (4, 3, 8, 8), jnp.float64)
-    labels = jax.random.randint(jax.random.key(1), (4,), 0, NUM_CLASSES)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3, 8, 8)))
+    labels = jnp.asarray(np.random.default_rng(1).integers(0, NUM_CLASSES, (4,)))
 
     def loss_fn(params, x, y):
         logits = fn(params, x)
@@ -112,11 +112,10 @@ class _WrappedJax(torch.nn.Module):
 
 
 def _mlp_params():
-    k = jax.random.split(jax.random.key(2), 4)
-    return {"w1": jax.random.normal(k[0], (6, 8), jnp.float64),
-            "b1": jax.random.normal(k[1], (8,), jnp.float64),
-            "w2": jax.random.normal(k[2], (8, NUM_CLASSES), jnp.float64),
-            "b2": jax.random.normal(k[3], (NUM_CLASSES,), jnp.float64)}
+    r = np.random.default_rng(2)  # NumPy's draws: no threefry program to compile
+    return {"w1": jnp.asarray(r.normal(size=(6, 8))), "b1": jnp.asarray(r.normal(size=8)),
+            "w2": jnp.asarray(r.normal(size=(8, NUM_CLASSES))),
+            "b2": jnp.asarray(r.normal(size=NUM_CLASSES))}
 
 
 # torch_jax_interop/to_torch_module_test.py::test_use_jax_module_in_torch_graph

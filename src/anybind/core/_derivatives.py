@@ -78,19 +78,23 @@ def jvp_rule(role, primals, tangents, *, call: Call, batch, lin=None, need=None,
     out_float = [is_float(o.aval) for o in outs]
     if not sel or not any(out_float):  # nothing to differentiate: no rule is needed
         return outs, [_jax.Zero(jax.typeof(o).to_tangent_aval()) for o in outs]
+    traced = True  # core runs traced JAX code (not one primitive of the family)
     if any(i in lay.ks for i in sel):  # a closed-over value: JAX differentiates the code
         core = _traced_rule_tangent(role, call, lin, need, sel)
     elif role == "primal" and not call.op.linear:
         tcall = call if kept or not uses_residuals(call) else call.without_residuals
-        core = _primal_tangent(fam, tcall, tuple(i in sel for i in range(call.n_in)))
+        core, traced = _primal_tangent(fam, tcall, tuple(i in sel for i in range(call.n_in)))
     elif any(i in lay.nonlin for i in sel):
         core = _traced_rule_tangent(role, call, lin, need, sel)
     else:
-        core = _linear_tangent(fam, role, call, lin, need, lay, sel)
+        core, traced = _linear_tangent(fam, role, call, lin, need, lay, sel), False
     ts = [tangents[i] for i in sel]
     if batch is not None:
         core = vmapped(core, batch.mask + (True,) * len(saved) + tuple(batch.mask[i] for i in sel),
                        batch.size, batch.axes)
+    if traced and not any(isinstance(p, _jax.Tracer) for p in (*primals, *saved)):
+        core = fam.eager.compiled(("tangent", role, call, batch, lin, need, tuple(sel), kept),
+                                  core)
     t_out = iter(core(*primals, *saved, *ts))
     tangents = [next(t_out) if f else None for f in out_float]
     return outs, [_jax.Zero(jax.typeof(o).to_tangent_aval()) if t is None
@@ -140,14 +144,15 @@ def linearize_rule(role, is_vjp, nonzeros, *primals, **params):
                                  False, primals, params)
 
 
-def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
-    """∂f(x)·ẋ for the float outputs, from whichever rules the op has."""
+def _primal_tangent(fam, call: Call, present) -> tuple[Callable[..., list], bool]:
+    """∂f(x)·ẋ for the float outputs, from whichever rules the op has; and whether it
+    runs traced code (JAX's derivative of the function, a traced jvp rule)."""
     op = call.op
     jr, vr = op.jvp_rule, op.vjp_rule
     # Reverse mode runs the bwd rule on the fwd rule's residuals; forward mode's f_jvp (no
     # residuals kept: under checkpoint, say) transposes into the fwd rule run again, then bwd.
     if uses_residuals(call) or (call.with_residuals is not None and vr is None):
-        return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
+        return _bound(fam, call, present), False
     if jr is None and vr is None and not op.traced:
         raise MissingRuleError(
             f"anybind op '{op.name}' has no derivative rules; add op.def_jvp(rule) for forward "
@@ -155,20 +160,24 @@ def _primal_tangent(fam, call: Call, present) -> Callable[..., list]:
             f"follows, or declare linear=True with a transpose rule")
 
     if op.symmetric:  # a primitive, so that reverse mode transposes it into the jvp rule
-        return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
-
-    lay = Layout("jvp", call)
-
-    def core(*ops):
-        xs, ks, _, ts = lay.split(ops)
-        if jr is None and vr is None:  # JAX's own derivative of a traced function
-            return _jax_jvp(call, present, xs, ks, ts)
-        if jr is not None and jr.traced and vr is None:  # None: a zero kept symbolic
-            return traced_tangents(call, jr, present)(*ops)
+        return _bound(fam, call, present), False
+    if jr is not None and jr.traced and vr is None:  # None: a zero kept symbolic
+        return traced_tangents(call, jr, present), True
+    if jr is not None or vr is not None:
         # f_jvp; with a traced vjp rule and no jvp rule, lowering f_jvp transposes the vjp
         # rule, while reverse mode transposes f_jvp into f_vjp and runs the rule as given
-        return fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
-    return core
+        return _bound(fam, call, present), False
+    lay = Layout("jvp", call)
+
+    def core(*ops):  # JAX's own derivative of a traced function
+        xs, ks, _, ts = lay.split(ops)
+        return _jax_jvp(call, present, xs, ks, ts)
+    return core, True
+
+
+def _bound(fam, call: Call, present) -> Callable[..., list]:
+    """f_jvp, one primitive of the family."""
+    return lambda *ops: fam["jvp"].bind(*ops, call=call, batch=None, lin=present, need=None)
 
 
 def _jax_jvp(call: Call, present, xs, ks, ts) -> list:

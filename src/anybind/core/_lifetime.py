@@ -68,9 +68,23 @@ class EagerCache:
     def __init__(self) -> None:
         self.token = next(_tokens)
         self.programs: dict = {}
+        self.tangents: dict = {}
 
     def clear(self) -> None:
         self.programs.clear()
+        self.tangents.clear()
+
+    def compiled(self, key, core: Callable) -> Callable:
+        """``core``, the traced code of a derivative rule applied eagerly, as one jitted
+        function kept per ``key`` (the rule's parameters): JAX would otherwise run it
+        op by op, compiling each of its operations (and, in reverse mode, each of
+        their transposes) for every new shape. At most ``MAX_PROGRAMS`` are kept."""
+        f = self.tangents.get(key)
+        if f is None:
+            f = self.tangents[key] = jax.jit(core)
+            while len(self.tangents) > MAX_PROGRAMS:
+                self.tangents.pop(next(iter(self.tangents)), None)
+        return f
 
 
 @functools.cache
