@@ -202,7 +202,7 @@ def aten_packets() -> list[str]:
                    if n.startswith("aten::")})
 
 
-_CORE_ATEN: list = [None, None]  # [the count of registered ops it was made for, the table]
+_core_aten: tuple = (None, None)  # (the count of registered ops it was made for, the split)
 
 
 def to_core_aten(ep):
@@ -223,10 +223,12 @@ def to_core_aten(ep):
     decompose = getattr(_ep, "_decompose_exported_program", None)
     if split is None or decompose is None:
         return ep.run_decompositions()
+    global _core_aten
     n = len(_C._dispatch_get_all_op_names())
-    if _CORE_ATEN[0] != n:
-        _CORE_ATEN[1] = split(torch.export.default_decompositions().materialize())
-        _CORE_ATEN[0] = n
-    cia, python = _CORE_ATEN[1]
+    made_for, table = _core_aten  # one tuple, replaced whole: threads see a count and its split
+    if made_for != n:
+        table = split(torch.export.default_decompositions().materialize())
+        _core_aten = (n, table)
+    cia, python = table
     return decompose(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python),
                      joint_loss_index=None, decompose_custom_triton_ops=False)
