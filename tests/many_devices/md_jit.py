@@ -37,39 +37,6 @@ def test_one_host_call_per_device_on_its_shard(m):
     assert collectives(hlo(op, x, w)) == []
 
 
-def test_explicit_types_of_traced_code_are_jaxs_own():
-    """An op whose function and rules are JAX code needs no shard=: on Explicit axes
-    its outputs (values, tangents, cotangents, batched values) are typed as JAX types
-    the same code, so nothing is gathered; a host op without a rule stays replicated."""
-    import anybind as ab
-    m = mesh("explicit")
-
-    def layer(x, w):
-        return jnp.tanh(x * w[None]) + jnp.sum(x, axis=1, keepdims=True)
-    op = ab.bind(layer, traced=True, name="layer")
-    op.def_vjp(lambda p, ct: jax.vjp(layer, *p)[1](ct), traced=True)
-    host = ab.bind(lambda x, w: np.tanh(x * w[None]), shape=ab.like(0), name="host_layer")
-    with jax.set_mesh(m):
-        x, w = put(randn((16, 4)), m, "x"), put(randn(4, seed=1), m)
-        want = jax.jit(layer)(x, w)
-        out = jax.jit(op)(x, w)
-        assert_close(out, want)
-        assert jax.typeof(out).sharding.spec == jax.typeof(want).sharding.spec == P("x", None)
-        assert collectives(hlo(op, x, w)) == []
-        t = jax.jit(lambda x, w: jax.jvp(op, (x, w), (x, w))[1])(x, w)
-        assert_close(t, jax.jvp(layer, (x, w), (x, w))[1])
-        assert jax.typeof(t).sharding.spec == P("x", None)
-        gx, gw = jax.jit(jax.grad(lambda x, w: op(x, w).sum(), argnums=(0, 1)))(x, w)
-        for g, r in zip((gx, gw), jax.grad(lambda x, w: layer(x, w).sum(), argnums=(0, 1))(x, w)):
-            assert_close(g, r)
-        assert jax.typeof(gx).sharding.spec == P("x", None)
-        xs = put(randn((3, 16, 4), seed=2), m, None, "x")
-        b = jax.jit(jax.vmap(op, (0, None)))(xs, w)
-        assert_close(b, jax.vmap(layer, (0, None))(xs, w))
-        assert jax.typeof(b).sharding.spec == P(None, "x", None)
-        assert set(jax.typeof(jax.jit(host)(x, w)).sharding.spec) <= {None}
-
-
 def test_explicit_types_carry_the_rule():
     m = mesh("explicit")
     with jax.set_mesh(m):

@@ -108,8 +108,7 @@ class Family:
 def _abstract_eval(role, *avals, call: Call, batch: Batch | None, lin=None, need=None):
     lead = () if batch is None else (batch.size,)
     outs = [ShapedArray(lead + a.shape, a.dtype) for a in out_avals(role, call, lin, need)]
-    outs = _sharding.typed(role, avals, outs, call, batch, lin, need, functools.partial(
-        _traced_code, role, batch, {"call": call, "lin": lin, "need": need}))
+    outs = _sharding.typed(role, avals, outs, call, batch, lin, need)
     effectful = role in ("primal", "fwd") and call.op.has_side_effect
     effs = {HOST_EFFECT} if effectful else _jax.no_effects
     return outs, effs

@@ -21,7 +21,6 @@ piece               what it does
 ``typed``           abstract evaluation: outputs vary over the union of the
                     operands' manual axes (``shard_map``'s vma), and under
                     Explicit mesh axes carry the sharding the rule gives
-                    (with no rule: the one JAX gives traced code)
 ``vary``            inside ``shard_map``: operands cast (``pvary``) to that
                     union, so transposes sum cotangents of invariant operands
 ``vary_like``       a tangent from traced code cast to its output's type
@@ -312,11 +311,8 @@ def _mesh_of(avals):
     return _jax.get_abstract_mesh()
 
 
-def typed(role: str, avals, outs: list, call: Call, batch, lin, need,
-          code: Callable[[], Callable | None]) -> list:
-    """The outputs' types: vma the union of the operands', sharding from the rule, or,
-    with no rule, from traced code's own types (``code()``: what the lowering inlines,
-    or None for host code, whose outputs are replicated)."""
+def typed(role: str, avals, outs: list, call: Call, batch, lin, need) -> list:
+    """The outputs' types: vma the union of the operands', sharding from the rule."""
     mesh = _mesh_of(avals)
     if mesh.empty:
         return outs
@@ -329,27 +325,8 @@ def typed(role: str, avals, outs: list, call: Call, batch, lin, need,
         plan = plan_factors([getattr(a.sharding, "spec", P()) for a in avals], ops_f, mesh,
                      splittable_factors(call, batch), explicit, strict=call)
         specs = [P(*[plan.get(f) for f in r]) for r in res_f]
-    elif explicit:
-        specs = _specs_of_code(code, avals, outs) or specs
     return [_jax.typed_aval(o.shape, o.dtype, NamedSharding(mesh, s), vma)
             for o, s in zip(outs, specs)]
-
-
-def _specs_of_code(code: Callable[[], Callable | None], avals, outs: list) -> list | None:
-    """The partition specs JAX gives traced code's outputs on Explicit axes, as it would
-    the same code inlined; None for host code, or where JAX cannot type them (replicated,
-    then: the lowering meets the same code and says what is wrong with it)."""
-    try:
-        fn = code()
-        if fn is None:
-            return None
-        got = jax.tree.leaves(jax.eval_shape(fn, *[jax.ShapeDtypeStruct(
-            a.shape, a.dtype, sharding=getattr(a, "sharding", None)) for a in avals]))
-    except Exception:  # noqa: BLE001
-        return None
-    if [(g.shape, g.dtype) for g in got] != [(o.shape, o.dtype) for o in outs]:
-        return None
-    return [getattr(g.sharding, "spec", P()) for g in got]
 
 
 def mesh_axes(entry) -> tuple:
