@@ -48,56 +48,45 @@ import torch  # noqa: E402
 
 import anybind as ab  # noqa: E402
 
+from bridges import HAND, _by_hand_in_jax, _grad, _torch_in_jax_floors, jf, tf  # noqa: E402
+
 SIZES = (1, 1000)
 
 
-def tf(a, b):
-    return a * b ** 2
-
-
-def _grad(f):
-    return jax.grad(lambda a, b: f(a, b).sum(), argnums=(0, 1))
-
-
-def _view(a):
-    return torch.from_dlpack(a)
-
-
-def _bare(copy: bool):
-    take = (lambda a: torch.from_numpy(np.array(a))) if copy else _view
+def _copied():
+    """The bridge by hand (``bridges._by_hand_in_jax``), each input copied first."""
+    def take(a):
+        return torch.from_numpy(np.array(a))
 
     def fwd(a, b):
         return tf(take(a), take(b)).numpy()
 
     def vjp(p, ct):
         a, b = (take(x).requires_grad_() for x in p)
-        return tuple(g.numpy() for g in torch.autograd.grad(tf(a, b), [a, b], _view(ct)))
-    return ab.bind(fwd, shape=ab.like(0), name="bare_copy" if copy else "bare", vjp=vjp)
+        return tuple(g.numpy() for g in torch.autograd.grad(tf(a, b), [a, b],
+                                                               torch.from_dlpack(ct)))
+    return ab.bind(fwd, shape=ab.like(0), name="f_copied", vjp=vjp)
 
 
 def rows(x1, x2) -> dict:
-    host = ab.bind(lambda a, b: a * b ** 2, shape=ab.like(0), name="f_numpy",
-                   vjp=lambda p, ct: (p[1] ** 2 * ct, 2 * p[0] * p[1] * ct))
-    t1, t2 = torch.from_numpy(x1.copy()), torch.from_numpy(x2.copy())
-
-    def torch_grad():
-        a, b = t1.detach().requires_grad_(), t2.detach().requires_grad_()
-        y = tf(a, b)
-        return torch.autograd.grad(y, [a, b], torch.ones_like(y))
-    ops = {"bare": _bare(False), "+ private inputs": _bare(True),
+    """The floor's halves and the bridge by hand (as ``bridges.py`` times them), then
+    the copied bridge and from_torch, each checked against JAX first."""
+    names = {"floor: JAX half": "JAX half", "floor: torch half": "torch half", HAND: "bare"}
+    out = {}
+    for key, thunk in _torch_in_jax_floors(x1, x2).items():
+        name, what = key.split("|")
+        out[f"{names[name]}|{what}"] = thunk
+    want = (jf(x1, x2), _grad(jf)(x1, x2))
+    ops = {"bare": _by_hand_in_jax(), "+ private inputs": _copied(),
            "from_torch": ab.from_torch(tf, name="f", mode="call")}
-    out = {"JAX half|forward": run._thunk(jax.jit(host), (x1, x2)),
-           "JAX half|jit(grad)": run._thunk(jax.jit(_grad(host)), (x1, x2)),
-           "torch half|forward": lambda: tf(t1, t2),
-           "torch half|jit(grad)": torch_grad}
-    want = (tf(t1, t2).numpy(), [g.numpy() for g in torch_grad()])
     for name, op in ops.items():
         fwd, grd = jax.jit(op), jax.jit(_grad(op))
         np.testing.assert_allclose(fwd(x1, x2), want[0], rtol=1e-12)
         for g, w in zip(grd(x1, x2), want[1]):
             np.testing.assert_allclose(g, w, rtol=1e-12)
-        out[f"{name}|forward"] = run._thunk(fwd, (x1, x2))
-        out[f"{name}|jit(grad)"] = run._thunk(grd, (x1, x2))
+        if name != "bare":
+            out[f"{name}|forward"] = run._thunk(fwd, (x1, x2))
+            out[f"{name}|jit(grad)"] = run._thunk(grd, (x1, x2))
     return out
 
 
