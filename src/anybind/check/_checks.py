@@ -34,6 +34,12 @@ def abs_pair(a, b) -> float:
     return float(np.sum(np.abs(np.asarray(a)) * np.abs(np.asarray(b))))
 
 
+def combine(a: float, x, b: float, y) -> np.ndarray:
+    """a·x + b·y in x's dtype, in NumPy: the checks' own arithmetic compiles no XLA
+    programs (eager ``jax.numpy`` would compile one per operation, shape and dtype)."""
+    return (a * np.asarray(x) + b * np.asarray(y)).astype(x.dtype)
+
+
 def _tangents(ctx, idx, imaginary=False) -> list:
     return [ctx.tangent(ctx.xs[i], imaginary) for i in idx]
 
@@ -211,10 +217,10 @@ def shard(ctx) -> None:
         ctx.current = ("shard", f"factor {label}")
         halves = []
         for lo, hi in ((0, size // 2), (size // 2, size)):
-            leaves = [x if d is None else jax.lax.slice_in_dim(x, lo, hi, axis=d)
+            leaves = [x if d is None else np.asarray(x)[(slice(None),) * d + (slice(lo, hi),)]
                       for x, d in zip(ctx.xs + ctx.ks, in_axes)]
             halves.append(ctx.apply(leaves[:n], leaves[n:]))
-        got = [a if d is None else jnp.concatenate([a, b], axis=d)
+        got = [a if d is None else np.concatenate([a, b], axis=d)
                for a, b, d in zip(*halves, out_axes)]
         whole = [o for o, d in zip(halves[1], out_axes) if d is None]
         ctx.compare("shard", f"factor {label}", got + whole,
@@ -364,8 +370,8 @@ def _is_linear_in(ctx, idx, ys=None) -> tuple:
     f, xs = ctx.f_of(idx), [ctx.xs[i] for i in idx]
     ys = _tangents(ctx, idx) if ys is None else ys
     a, b = 0.75, -1.25
-    lhs = f(*[a * x + b * y for x, y in zip(xs, ys)])
-    return lhs, [a * u + b * v for u, v in zip(f(*xs), f(*ys))]
+    lhs = f(*[combine(a, x, b, y) for x, y in zip(xs, ys)])
+    return lhs, [combine(a, u, b, v) for u, v in zip(f(*xs), f(*ys))]
 
 
 def _separately_linear(ctx) -> bool:
@@ -421,7 +427,7 @@ def _transpose_in(ctx, label, idx) -> None:
             continue
         ctx.current = ("transpose", where)
         ts = _tangents(ctx, part, imag)
-        full = [jnp.zeros_like(x) for x in xs]
+        full = [np.zeros(x.shape, x.dtype) for x in xs]
         for i, t in zip(part, ts):
             full[idx.index(i)] = t
         c = [cts[idx.index(i)] for i in part]
@@ -449,10 +455,11 @@ def _is_adjoint(ctx, ybar, ax, cts, ts) -> bool:
 
 def _perturbed(ctx, x):
     """_B copies of x along a new leading axis: x itself, then multiplicative perturbations."""
+    x = np.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.inexact):
-        return jnp.stack([x] * _B)
+        return np.stack([x] * _B)
     u = ctx.rng.uniform(-1.0, 1.0, (_B - 1,) + x.shape)
-    return jnp.concatenate([x[None], (x[None] * (1 + 0.05 * u)).astype(x.dtype)])
+    return np.concatenate([x[None], (x[None] * (1 + 0.05 * u)).astype(x.dtype)])
 
 
 def _vmap_vs_loop(ctx, check: str, where: str, fn, leaves, mask, names, hint="",
@@ -465,7 +472,7 @@ def _vmap_vs_loop(ctx, check: str, where: str, fn, leaves, mask, names, hint="",
     got = (batched if row is None else jax.jit(batched))(*ins)
     row = fn if row is None else row
     rows = [row(*[x[b] if m else x for x, m in zip(ins, mask)]) for b in range(_B)]
-    want = [jnp.stack([r[j] for r in rows]) for j in range(len(got))]
+    want = [np.stack([np.asarray(r[j]) for r in rows]) for j in range(len(got))]
     ctx.compare(check, where, got, want, names, hint=hint)
 
 

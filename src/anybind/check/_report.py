@@ -243,13 +243,13 @@ class Context:
         big = float(ax.max()) if ax.size else 0.0
         s = ax + 1e-3 * big if big > 0 else np.ones(ax.shape)
         t = self.rng.uniform(-1.0, 1.0, ax.shape) * s
-        return jnp.asarray(1j * t if imaginary else t).astype(x.dtype)
+        return np.asarray(1j * t if imaginary else t).astype(x.dtype)
 
     def cotangent(self, like):
         r = self.rng.standard_normal(like.shape)
         if jnp.issubdtype(like.dtype, jnp.complexfloating):
             r = r + 1j * self.rng.standard_normal(like.shape)
-        return jnp.asarray(r).astype(like.dtype)
+        return np.asarray(r).astype(like.dtype)
 
     def groups(self) -> list:
         """(label, float leaf indices, imaginary direction?) per argument, or per leaf of one."""
@@ -269,12 +269,13 @@ class Context:
     def fd(self, f, xs, ts, h: float) -> tuple:
         """Five-point central difference of ``f`` at ``xs`` along ``ts``, and its rounding floor."""
         def at(k):
-            return f(*[x + (k * h) * t for x, t in zip(xs, ts)])
+            stepped = [_checks.combine(1, x, k * h, t) for x, t in zip(xs, ts)]
+            return [np.asarray(v) for v in f(*stepped)]
         p1, m1, p2, m2 = at(1), at(-1), at(2), at(-2)
         d = [(8 * (a - b) - (c - e)) / (12 * h) for a, b, c, e in zip(p1, m1, p2, m2)]
         # rounding: of the values (eps·|f|/h) and of the stepped inputs (eps·|D|/h)
-        fmax = max([float(jnp.max(jnp.abs(v))) for v in (*p1, *p2) if v.size] or [0.0])
-        dmax = max([float(jnp.max(jnp.abs(v))) for v in d if v.size] or [0.0])
+        fmax = max([float(np.max(np.abs(v))) for v in (*p1, *p2) if v.size] or [0.0])
+        dmax = max([float(np.max(np.abs(v))) for v in d if v.size] or [0.0])
         return d, self.eps * (100 * fmax + 10 * dmax) / h
 
     def fd_steps(self) -> list:
