@@ -333,21 +333,6 @@ if __name__ != "__main__":
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode != 0 and "page.md:10: the output shown" in proc.stderr, proc.stderr
 
-    def test_figures(tmp_path: Path) -> None:
-        """docs/gen_figures.py turns the benchmark results into the performance page's figures."""
-        pytest.importorskip("matplotlib", reason="the figures need the docs extra (matplotlib)")
-        sys.path.insert(0, str(ROOT / "docs"))
-        try:
-            import gen_figures
-        finally:
-            sys.path.remove(str(ROOT / "docs"))
-        written = gen_figures.generate(tmp_path)
-        performance = (ROOT / "docs" / "performance.md").read_text()
-        for path in written:
-            assert path.suffix == ".svg", f"{path.name}: figures are vector graphics"
-            assert path.stat().st_size > 10_000, path
-            assert f"figures/{path.name}" in performance, f"{path.name} is not on the page"
-
 
 if __name__ == "__main__":
     page = Path(sys.argv[1]).resolve()

@@ -9,6 +9,7 @@ the HTML a browser gets: rendered signatures, tables, search, the sitemap.
 from __future__ import annotations
 
 import ast
+import fcntl
 import importlib.util
 import inspect
 import json
@@ -179,14 +180,22 @@ def test_markdown_tables_are_unbroken() -> None:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
+    """The site, built once per run: xdist's workers share one build, under a lock."""
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
         pytest.skip("building the site needs the docs extra (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
+    out, built = shared / "site", shared / "site.built"
+    with open(shared / "site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not built.exists():
+            env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+            proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                                   "--site-dir", str(out)], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            built.touch()
     return out
 
 
@@ -243,6 +252,18 @@ def test_api_page_renders_signatures_and_tables(site: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_figures(site: Path) -> None:
+    """docs/hooks.py draws the performance page's figures from the benchmark results
+    (docs/gen_figures.py) into the site: vector graphics, each on the page."""
+    written = sorted((site / "figures").glob("*"))
+    shown = set(re.findall(r"\bfigures/([^)\s\"']+)", (DOCS / "performance.md").read_text()))
+    assert {p.name for p in written} == shown, "the figures drawn are not those on the page"
+    for path in written:
+        assert path.suffix == ".svg", f"{path.name}: figures are vector graphics"
+        assert path.stat().st_size > 10_000, path
+
+
 def test_site_url_sitemap_and_404(site: Path) -> None:
     """site_url is set: the sitemap lists every page and the 404 page's links are absolute."""
     import yaml

@@ -89,7 +89,8 @@ def _to_copies(ins: list, outs: list) -> None:
             if getrefcount(v) > 3:  # the list, the name v, and getrefcount's argument
                 base = v.base if isinstance(v.base, np.ndarray) else v  # (ml_dtypes' views)
                 kept.append((base, v.__array_interface__["data"][0], v.nbytes, v.copy()))
-    repoint_kept(kept)
+    if kept:  # the walk of Python's heap, for the views derived from them
+        repoint_kept(kept)
 
 
 def buffer_callback(guarded: Callable, n_out: int) -> Callable:
