@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import anybind as ab
-from anybind.routes import _pyffi
+from anybind.routes import _callback, _pyffi
 from helpers import fresh_stdout, randn, run_fresh_python
 
 BIG = 4_000_000  # 32 MB of float64: freed memory is unmapped, so a dangling read faults
@@ -199,6 +199,29 @@ def test_an_exception_with_a_broken_message_still_names_the_op(host_route, exc, 
         jax.block_until_ready(jax.jit(op)(np.ones(3)))
     with pytest.raises(ab.HostError, match="anybind op 'broken_message'"), ab.debug():
         jax.block_until_ready(jax.jit(op)(np.ones(3) + 1))
+
+
+def test_a_failure_walks_the_heap_only_when_a_view_is_kept(monkeypatch):
+    """The buffer callback looks for views derived from XLA's buffers (a walk of Python's
+    whole heap, seconds in a large process) only when, the failure's frames let go, a
+    view is still held: not for every exception host code raises."""
+    monkeypatch.setattr(_pyffi, "enabled", False)
+    walks: list = []
+    monkeypatch.setattr(_callback, "repoint_kept", walks.append)
+    kept: list = []
+
+    def fails(x):
+        raise ValueError("plain failure")
+
+    def keeps_then_fails(x):
+        kept.append(x[1:])
+        raise ValueError("failure that kept a view")
+    for fn, walked in ((fails, 0), (keeps_then_fails, 1)):
+        op = ab.bind(fn, shape=ab.like(0), name=fn.__name__)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=f"anybind op '{fn.__name__}'"):
+            jax.block_until_ready(jax.jit(op)(np.ones(3)))
+        assert len(walks) == walked, fn.__name__
+    assert [len(k) for k in walks] == [1]  # the one input view the second function kept
 
 
 def test_views_handed_to_jax_or_left_in_garbage_are_no_false_alarm(host_route):
