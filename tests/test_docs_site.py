@@ -252,7 +252,6 @@ def test_api_page_renders_signatures_and_tables(site: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_figures(site: Path) -> None:
     """docs/hooks.py draws the performance page's figures from the benchmark results
     (docs/gen_figures.py) into the site: vector graphics, each on the page."""
@@ -264,6 +263,7 @@ def test_figures(site: Path) -> None:
         assert path.stat().st_size > 10_000, path
 
 
+@pytest.mark.slow
 def test_site_url_sitemap_and_404(site: Path) -> None:
     """site_url is set: the sitemap lists every page and the 404 page's links are absolute."""
     import yaml
