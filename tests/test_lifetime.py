@@ -196,3 +196,31 @@ def test_rebinding_the_same_function_gives_a_fresh_op():
     assert a._family["primal"] is not b._family["primal"]
     assert_close(a(x), b(x))
     assert_close(jax.grad(lambda v: a(v).sum())(x), jax.grad(lambda v: b(v).sum())(x))
+
+
+def test_equal_calls_compare_without_running_the_collector():
+    """A ``Call`` is a weak key of JAX's abstract-evaluation cache, which compares keys in
+    the middle of a table lookup: a collection there can free another op's key and erase
+    its entry from the table being searched (jaxlib 0.8.0 crashed in
+    ``WeakrefLRUCache::GetCache``, on the per-shard derivatives). So comparing two equal,
+    distinct calls allocates nothing the collector tracks, and they still compare and hash
+    alike, unlike those of another op or another signature."""
+    op, other = _sin_op("lifetime_eq"), _sin_op("lifetime_eq")
+    call = jax.make_jaxpr(op)(jnp.ones(3)).eqns[0].params["call"]
+    twin = call.weak()
+    assert twin is not call and twin == call and hash(twin) == hash(call)
+    elsewhere = jax.make_jaxpr(other)(jnp.ones(3)).eqns[0].params["call"]
+    assert call != elsewhere
+    assert call != jax.make_jaxpr(op)(jnp.ones(4)).eqns[0].params["call"]
+    collections = []
+    record = lambda phase, info: collections.append(phase)  # noqa: E731
+    threshold = gc.get_threshold()
+    gc.callbacks.append(record)
+    gc.set_threshold(1)  # any tracked allocation now starts a collection
+    try:
+        for _ in range(1000):
+            assert twin == call and call == twin and call != elsewhere
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(record)
+    assert collections == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -94,6 +95,12 @@ class Call:
     alive, except in the twin that an op's own eager programs carry
     (``weak()``), which holds it weakly; both compare and hash alike, by the
     op's token, never reused.
+
+    Equal calls share one ``_Identity``, so that comparing two of them runs no
+    code that allocates: JAX's weakref caches, which hold a ``Call`` as a weak
+    key (see ``_lifetime``), compare keys in the middle of a table lookup, and a
+    garbage collection there can free another op's key and erase its entry
+    from the table being searched (jaxlib 0.8 crashed so).
     """
     op_ref: Any = dataclasses.field(compare=False)  # the Op, or a weakref.ref to it
     args_tree: Any  # treedef of the tuple of positional arguments
@@ -121,10 +128,19 @@ class Call:
     # host code's 64-bit result narrows as JAX narrowed the declaration (nowhere else)
     out_wide: tuple = dataclasses.field(default=(), compare=False, hash=False)
     res_wide: tuple = dataclasses.field(default=(), compare=False, hash=False)
+    _identity: _Identity = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.op_token == -1:
             object.__setattr__(self, "op_token", self.op._family.eager.token)
+        # a field that may be None comes after a flag, so that a treedef never meets None
+        key = (self.op_token, *(x for f in _COMPARED for v in [getattr(self, f)]
+                                for x in (v is None, v)))
+        with _identities_lock:
+            same = _identities.get(key)
+            if same is None:
+                same = _identities[key] = _Identity(hash(key))
+        object.__setattr__(self, "_identity", same)
 
     @property
     def op(self):
@@ -177,22 +193,11 @@ class Call:
     def float_out(self) -> tuple:
         return tuple(is_float(a) for a in self.out_avals)
 
-    @functools.cached_property
-    def _hash(self) -> int:
-        return hash((self.op_token, self.args_tree, self.kw_tree, self.static, self.in_avals,
-                     self.kw_avals, self.out_tree, self.out_avals, self.res_tree,
-                     self.res_avals, self.static_types, self.n_closure,
-                     self.debug))
-
     def __hash__(self) -> int:  # hashed on every dispatch as a primitive parameter
-        return self._hash
+        return self._identity.hash
 
-    def __eq__(self, other) -> bool:  # the op first: other ops' fields may not compare
-        if self is other:
-            return True
-        if type(other) is not Call or self.op_token != other.op_token:
-            return False
-        return all(_same(getattr(self, f), getattr(other, f)) for f in _COMPARED)
+    def __eq__(self, other) -> bool:
+        return self is other or (type(other) is Call and self._identity is other._identity)
 
     @functools.cached_property
     def _flat_args(self) -> bool:
@@ -253,15 +258,18 @@ class Call:
         return f"output {j}" + (f" ({path})" if path else "")
 
 
-def _same(a, b) -> bool:
-    """``a == b``, where a PyTreeDef may meet None (a treedef refuses that comparison)."""
-    if a is None or b is None:
-        return a is b
-    return a == b
+class _Identity:
+    """What equal ``Call``s share: compared by identity, so comparing them allocates nothing."""
+    __slots__ = ("hash", "__weakref__")
+
+    def __init__(self, hash_: int) -> None:
+        self.hash = hash_
 
 
 _COMPARED = tuple(f.name for f in dataclasses.fields(Call)
                   if f.compare and f.name != "op_token")
+_identities: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # by compared value
+_identities_lock = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
