@@ -133,7 +133,8 @@ class Call:
     def __post_init__(self):
         if self.op_token == -1:
             object.__setattr__(self, "op_token", self.op._family.eager.token)
-        # a field that may be None comes after a flag, so that a treedef never meets None
+        # the op's token first, so that other ops' fields are never compared; a field that
+        # may be None after a flag, so that a treedef never meets None
         key = (self.op_token, *(x for f in _COMPARED for v in [getattr(self, f)]
                                 for x in (v is None, v)))
         with _identities_lock:
