@@ -34,5 +34,5 @@ collect_ignore_glob = [] if importlib.util.find_spec("torch") else [
 def pytest_collection_modifyitems(items):
     """The docs pages first: the slowest tests (a process each, up to a minute), so
     that under ``-n 2 --dist worksteal`` no worker is left running one at the end while
-    the other idles (in CI's run, about 18 s of the test step)."""
+    the other idles (about 18 s of CI's test step, by its per-test times)."""
     items.sort(key=lambda item: item.path.name != "test_docs.py")
