@@ -561,6 +561,7 @@ def _models():
 
 
 HAND_MODEL, BESIDE = "jax.numpy by hand", ", beside call and torch"
+CALL_AND_TORCH = ("from_torch call", "real torch")  # timed together, beside HAND_MODEL
 
 
 def time_models(repeats: int, sample_s: float) -> dict:
@@ -603,8 +604,7 @@ def time_models(repeats: int, sample_s: float) -> dict:
             # Two interleaved groups, each with the hand-written model: the translation
             # alone beside it (the ≤ 1.1× comparison: at n = 10⁶ a torch call between two
             # samples moved their times by up to half), then call mode and torch.
-            for group, tag in ((["from_torch translate"], ""),
-                               (["from_torch call", "real torch"], BESIDE)):
+            for group, tag in ((("from_torch translate",), ""), (CALL_AND_TORCH, BESIDE)):
                 got = run.measure({k: t for k, t in thunks.items()
                                    if k.split("|")[0] in (HAND_MODEL, *group)},
                                   repeats, sample_s)
@@ -628,8 +628,7 @@ def _models_md(res: dict) -> str:
             for r in routes:
                 row = [r]
                 for n in sizes:
-                    b = by_n[n].get(HAND_MODEL + (BESIDE if r in ("from_torch call",
-                                                                   "real torch") else ""))
+                    b = by_n[n].get(HAND_MODEL + (BESIDE if r in CALL_AND_TORCH else ""))
                     v = by_n[n].get(r)
                     row.append("–" if v is None else f"{run._fmt(v['min_us'])} "
                                f"({run._fmt(v['median_us'])}) ×{v['min_us'] / b['min_us']:.2f}")
