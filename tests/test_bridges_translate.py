@@ -140,6 +140,105 @@ def test_train_mode_state_comes_back_as_torchs(name):
         assert_close(state[n], b.numpy(), rtol=1e-12, atol=1e-14)
 
 
+# ------------------------------------------------------------- recurrent layers
+
+RECURRENT = {
+    "LSTM 2 layers bidirectional batch_first": (
+        lambda: nn.LSTM(6, 5, num_layers=2, bidirectional=True, batch_first=True), (3, 7, 6)),
+    "LSTM proj_size no bias": (lambda: nn.LSTM(6, 5, proj_size=3, bias=False), (7, 3, 6)),
+    "GRU 2 layers": (lambda: nn.GRU(6, 5, num_layers=2), (7, 3, 6)),
+    "GRU bidirectional unbatched": (lambda: nn.GRU(6, 5, bidirectional=True), (7, 6)),
+    "RNN tanh batch_first": (lambda: nn.RNN(6, 5, batch_first=True), (3, 7, 6)),
+    "RNN relu 3 layers": (lambda: nn.RNN(6, 5, num_layers=3, nonlinearity="relu"), (7, 3, 6)),
+}
+
+
+class _WithState(nn.Module):
+    """A recurrent layer called with its initial state, returning every output."""
+
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x, h):
+        out, h = self.rnn(x, h)
+        return (out, *h) if isinstance(h, tuple) else (out, h)
+
+
+def _initial_state(rnn, x):
+    n = rnn.num_layers * (2 if rnn.bidirectional else 1)
+    batch = (x.shape[0 if rnn.batch_first else 1],) if x.ndim == 3 else ()
+    h = torch.randn(n, *batch, rnn.proj_size or rnn.hidden_size, dtype=x.dtype)
+    return (h, torch.randn(n, *batch, rnn.hidden_size, dtype=x.dtype)) \
+        if isinstance(rnn, nn.LSTM) else h
+
+
+@pytest.mark.parametrize("name", list(RECURRENT))
+def test_recurrent_layers_translate_whole_as_one_scan_each(name):
+    """nn.LSTM, nn.GRU and nn.RNN stay one node each (torch's decomposition would unroll
+    the loop over the sequence), translated as one lax.scan per layer and direction:
+    the outputs and final states, and the gradients in the parameters, the input and
+    the initial state, are torch's."""
+    make, shape = RECURRENT[name]
+    torch.manual_seed(0)
+    m = _WithState(make().double().eval())
+    x = torch.randn(shape, dtype=torch.float64)
+    h = _initial_state(m.rnn, x)
+    op = ab.from_torch(m, mode="translate")
+    params = _params(m)
+    xj, hj = x.numpy().copy(), jax.tree.map(lambda t: t.numpy().copy(), h)
+    prog = op.fn.program(params, xj, hj)
+    kept = [str(n.target) for n in prog.graph.nodes if str(n.target).endswith(".input")]
+    assert len(kept) == 1 and not prog.fallback, kept
+    scans = jax.jit(op).lower(params, xj, hj).as_text().count("stablehlo.while")
+    assert scans == m.rnn.num_layers * (2 if m.rnn.bidirectional else 1)
+    got = jax.jit(op)(params, xj, hj)
+    for t in (x, *jax.tree.leaves(h)):
+        t.requires_grad_()
+    want = m(x, h)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w.detach().numpy(), rtol=1e-12, atol=1e-13)
+    cts = [torch.randn(w.shape, dtype=torch.float64) for w in want]
+    m.zero_grad()
+    sum((w * c).sum() for w, c in zip(want, cts)).backward()
+    loss = lambda p, x, h: sum(jnp.vdot(o, c.numpy())  # noqa: E731
+                               for o, c in zip(op(p, x, h), cts))
+    gp, gx, gh = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params, xj, hj)
+    for k, v in m.named_parameters():
+        assert_close(gp[k], v.grad.numpy(), rtol=1e-10, atol=1e-12)
+    assert_close(gx, x.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for g, t in zip(jax.tree.leaves(gh), jax.tree.leaves(h), strict=True):
+        assert_close(g, t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_recurrent_dropout_between_layers_is_drawn_from_the_key():
+    """Train mode, dropout between layers: torch's kernels apply it (its decomposition
+    does not); the translation draws it from the key. With p = 1 every value between
+    the layers is dropped, so torch's output is known exactly; with p = 1/2 the same
+    key gives the same output, another key another, and neither is eval mode's.
+    Without a key, "auto" runs the layer as a torch call, which draws as torch does."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 6, dtype=torch.float64)
+    for p in (1.0, 0.5):
+        m = nn.LSTM(6, 5, num_layers=2, dropout=p, batch_first=True).double().train()
+        op = ab.from_torch(m, mode="translate", discard_state=True)
+        params = _params(m)
+        with pytest.raises(TypeError, match=r"lstm.*\n.*key="):
+            op(params, x.numpy())
+        auto = ab.from_torch(m, discard_state=True).fn.program(params, x.numpy())
+        assert [str(n.target) for n in auto.fallback] == ["aten.lstm.input"]  # torch draws
+        a = jax.jit(op)(params, x.numpy(), key=jax.random.key(1))
+        if p == 1.0:
+            for g, w in zip(jax.tree.leaves(a), jax.tree.leaves(m(x)), strict=True):
+                assert_close(g, w.detach().numpy(), rtol=1e-12, atol=1e-13)
+            continue
+        b = jax.jit(op)(params, x.numpy(), key=jax.random.key(1))
+        c = jax.jit(op)(params, x.numpy(), key=jax.random.key(2))
+        evaluated = m.eval()(x)[0].detach().numpy()
+        assert_close(a[0], b[0], rtol=0, atol=0)
+        assert not np.allclose(a[0], c[0]) and not np.allclose(a[0], evaluated)
+
+
 def test_eval_and_train_capture_separately():
     m, x = _model("ResBlock")
     op = ab.from_torch(m, mode="translate")
@@ -353,6 +452,19 @@ def test_inplace_code_is_out_of_place():
     assert_close(v, np.arange(3.0))
 
 
+def test_a_matrix_copied_along_the_batch_enters_one_product():
+    """torch's matmul decomposition writes ``x.permute(1, 0, 2) @ w`` (nn.LSTM's input
+    projection) as ``bmm`` with ``w`` copied along the batch by ``expand``; the
+    translation multiplies by ``w`` itself, forward and backward: no batched product."""
+    op = ab.from_torch(lambda x, w: x.permute(1, 0, 2) @ w, mode="translate")
+    x, w = np.ones((4, 3, 5)), np.ones((5, 2))
+    targets = {str(n.target) for n in op.fn.program(x, w).graph.nodes}
+    assert {"aten.expand.default", "aten.bmm.default"} <= targets, targets
+    for f in (op, jax.grad(lambda x, w: op(x, w).sum(), argnums=(0, 1))):
+        text = jax.jit(f).lower(x, w).as_text()
+        assert "dot_general" in text and "batching_dims" not in text, text
+
+
 # ---------------------------------------------------------- per-op agreement sweep
 
 def _shapes(*s):
@@ -373,6 +485,13 @@ OPS = {
                    + a.logsumexp(1), _shapes((4, 5))),
     "cumsum_cumprod": (lambda a: a.cumsum(1) + a.cumprod(0), _shapes((3, 4))),
     "matmul": (lambda a, b: a @ b, _shapes((2, 3, 5), (5, 4))),
+    # torch's matmul of a permuted 3-d input: expand + bmm; bmm of matrices copied along
+    # the batch, one operand or both; an expand that widens a dim other than the batch
+    "matmul_copied_along_the_batch": (
+        lambda a, b, c, d: a.permute(1, 0, 2) @ b
+        + torch.bmm(c.unsqueeze(0).expand(3, 2, 5), b.unsqueeze(0).expand(3, 5, 4))
+        + torch.bmm(a.permute(1, 0, 2), d.expand(3, 5, 4)),
+        _shapes((2, 3, 5), (5, 4), (2, 5), (3, 5, 1))),
     "bmm_baddbmm": (lambda a, b, c: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0),
                     _shapes((2, 3, 4), (2, 4, 5), (2, 3, 5))),
     "linear": (lambda a, w, b: F.linear(a, w, b), _shapes((3, 7), (5, 7), (5,))),

@@ -27,7 +27,10 @@ random draws               from ``node.key()``, a JAX key derived from the op's 
 
 ``RULES`` maps each op's name (``"aten::add.Tensor"``) to its rule; ``SUPPORTS``
 holds, for the few rules that cover part of an op, a predicate on the fx node.
-``RANDOM`` names the ops that draw random numbers.
+``RANDOM`` names the ops that draw random numbers (``draws(node)``: whether a node
+does). ``KEPT`` names the ops kept whole from torch's decomposition to the core op set,
+for a rule of their own (recurrent layers: one ``lax.scan`` instead of a loop unrolled
+over the sequence).
 """
 from __future__ import annotations
 
@@ -44,13 +47,15 @@ from jax import lax
 from ._run import _TORCH_TO_NP
 
 RULES: dict[str, Callable] = {}
+KEPT = ("lstm.input", "gru.input", "rnn_tanh.input", "rnn_relu.input")
 SUPPORTS: dict[str, Callable] = {}
-RANDOM: set[str] = set()
+RANDOM: dict[str, Callable] = {}
 HIGHEST = lax.Precision.HIGHEST
 
 
-def rule(*names: str, supports: Callable | None = None, random: bool = False):
-    """Register ``fn`` as the rule of each ``aten::`` op overload in ``names``."""
+def rule(*names: str, supports: Callable | None = None, random: bool | Callable = False):
+    """Register ``fn`` as the rule of each ``aten::`` op overload in ``names``;
+    ``random``: its nodes draw (True), or a predicate on the fx node saying which do."""
     def register(fn):
         for n in names:
             full = n if "::" in n else f"aten::{n}"
@@ -58,9 +63,15 @@ def rule(*names: str, supports: Callable | None = None, random: bool = False):
             if supports is not None:
                 SUPPORTS[full] = supports
             if random:
-                RANDOM.add(full)
+                RANDOM[full] = random if callable(random) else lambda node: True
         return fn
     return register
+
+
+def draws(node) -> bool:
+    """Whether an fx node's rule draws random numbers (from ``node.key()``)."""
+    drawing = RANDOM.get(name_of(node.target)) if node.op == "call_function" else None
+    return drawing is not None and bool(drawing(node))
 
 
 def np_dtype(d) -> np.dtype:
@@ -336,13 +347,17 @@ def _bernoulli_p(node, x, p=0.5, **kw):
     return jax.random.bernoulli(node.key(), p, node.shape)
 
 
+def _dropout(key, x, p):
+    keep = jax.random.bernoulli(key, 1.0 - p, x.shape)
+    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
+    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
+
+
 @rule("native_dropout.default", random=True)
 def _native_dropout(node, x, p, train):
     if not train or p == 0:
         return x, jnp.ones(x.shape, bool)
-    keep = jax.random.bernoulli(node.key(), 1.0 - p, x.shape)
-    scale = 0.0 if p == 1 else 1.0 / (1.0 - p)
-    return jnp.where(keep, x * jnp.asarray(scale, x.dtype), jnp.zeros((), x.dtype)), keep
+    return _dropout(node.key(), x, p)
 
 
 @rule("randint.default", "randint.low", random=True)
@@ -822,10 +837,35 @@ def _mm(a, b):
     return jnp.matmul(a, b, precision=HIGHEST)
 
 
+_SAME_SHAPE = {"aten::view.default", "aten::_unsafe_view.default", "aten::reshape.default",
+               "aten::view_copy.default"}
+
+
+def _one_matrix(arg) -> bool:
+    """Whether a ``bmm`` operand (an fx node) is one matrix copied along the batch: an
+    ``expand`` that adds or widens dim 0, seen through views that keep its shape.
+
+    torch's ``matmul`` decomposition writes ``x @ w`` so where a 3-d ``x`` cannot be
+    folded into one ``mm`` (a permuted input, as in ``nn.LSTM``). Taken literally, XLA
+    copies ``w`` once per batch and runs a batched product; the rule takes one copy,
+    so that XLA (which folds the slice of a broadcast) runs one matrix product with
+    ``w`` itself, and the gradient sums over the batch inside it."""
+    while (isinstance(arg, torch.fx.Node) and name_of(arg.target) in _SAME_SHAPE
+           and arg.args[0].meta["val"].shape == arg.meta["val"].shape):
+        arg = arg.args[0]
+    if not (isinstance(arg, torch.fx.Node)
+            and name_of(arg.target) in ("aten::expand.default", "aten::expand_copy.default")):
+        return False
+    src = arg.args[0].meta["val"]
+    return src.ndim < 3 or src.shape[0] == 1
+
+
 @rule("mm.default", "bmm.default")
 def _mm_rule(node, a, b):
     d = _acc(node.dtype)
-    return _mm(_cast(a, d), _cast(b, d))
+    if a.ndim == 3:  # bmm: an operand copied along the batch enters as its one matrix
+        a, b = (v[0] if _one_matrix(arg) else v for v, arg in zip((a, b), node.node.args))
+    return jnp.broadcast_to(_mm(_cast(a, d), _cast(b, d)), node.shape)  # both: one product
 
 
 @rule("addmm.default", "baddbmm.default")
@@ -1047,6 +1087,95 @@ def _group_norm(node, x, weight, bias, n, c, hw, group, eps):
     if bias is not None:
         y = y + _cast(bias, d).reshape(shape)
     return y, mean.reshape(n, group), rstd.reshape(n, group)
+
+
+# ------------------------------------------------------------ recurrent layers
+
+def _lin(x, w, b):
+    """``F.linear``: the product in torch's accumulation dtype, rounded to ``x``'s."""
+    a = _acc(x.dtype)
+    y = _mm(_cast(x, a), _cast(w, a).T)
+    return (y if b is None else y + _cast(b, a)).astype(x.dtype)
+
+
+def _lstm_step(w_hh, b_hh, w_hr):
+    def step(hc, gx):
+        h, c = hc
+        i, f, g, o = jnp.split(gx + _lin(h, w_hh, b_hh), 4, -1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        h = h if w_hr is None else _lin(h, w_hr, None)
+        return (h, c), h
+    return step
+
+
+def _gru_step(w_hh, b_hh, w_hr):
+    def step(h, gx):
+        ri, zi, ni = jnp.split(gx, 3, -1)
+        rh, zh, nh = jnp.split(_lin(h, w_hh, b_hh), 3, -1)
+        r, z = jax.nn.sigmoid(rh + ri), jax.nn.sigmoid(zh + zi)
+        n = jnp.tanh(ni + nh * r)
+        h = (h - n) * z + n
+        return h, h
+    return step
+
+
+def _rnn_step(act):
+    def make(w_hh, b_hh, w_hr):
+        def step(h, gx):
+            h = act(_lin(h, w_hh, b_hh) + gx)
+            return h, h
+        return step
+    return make
+
+
+def _recurrent_draws(node) -> bool:
+    """Dropout between layers, in train mode: (input, hx, params, has_biases,
+    num_layers, dropout, train, ...)."""
+    num_layers, dropout, train = node.args[4:7]
+    return bool(train) and dropout > 0 and num_layers > 1
+
+
+def _recurrent(make_step, lstm=False):
+    """``aten.lstm/gru/rnn_*.input``: per layer and direction, the input's product with
+    ``w_ih`` for all steps at once, then one ``lax.scan`` over the sequence (reversed
+    for the second direction); between layers, in train mode, dropout drawn from the
+    node's key, as torch's own kernels apply it. (torch's decomposition of these ops,
+    which the translation would otherwise follow, unrolls the loop over the sequence,
+    and leaves the dropout out.)"""
+    def rnn(node, x, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+            batch_first):
+        dirs = 2 if bidirectional else 1
+        per = len(params) // (num_layers * dirs)  # w_ih, w_hh[, b_ih, b_hh][, w_hr]
+        h0, c0 = (hx[0], hx[1]) if lstm else (hx, None)
+        x = jnp.swapaxes(x, 0, 1) if batch_first else x  # (sequence, batch, features)
+        hs, cs = [], []
+        for layer in range(num_layers):
+            outs = []
+            for d in range(dirs):
+                k = layer * dirs + d
+                w = params[k * per:(k + 1) * per]
+                b_ih, b_hh = (w[2], w[3]) if has_biases else (None, None)
+                w_hr = w[-1] if lstm and per in (3, 5) else None
+                step = make_step(w[1], b_hh, w_hr)
+                carry, ys = lax.scan(step, (h0[k], c0[k]) if lstm else h0[k],
+                                     _lin(x, w[0], b_ih), reverse=d == 1)
+                outs.append(ys)
+                hs.append(carry[0] if lstm else carry)
+                if lstm:
+                    cs.append(carry[1])
+            x = outs[0] if dirs == 1 else jnp.concatenate(outs, -1)
+            if _recurrent_draws(node.node) and layer < num_layers - 1:
+                x = _dropout(jax.random.fold_in(node.key(), layer), x, dropout)[0]
+        out = jnp.swapaxes(x, 0, 1) if batch_first else x
+        return (out, jnp.stack(hs), jnp.stack(cs)) if lstm else (out, jnp.stack(hs))
+    return rnn
+
+
+rule("lstm.input", random=_recurrent_draws)(_recurrent(_lstm_step, lstm=True))
+rule("gru.input", random=_recurrent_draws)(_recurrent(_gru_step))
+rule("rnn_tanh.input", random=_recurrent_draws)(_recurrent(_rnn_step(jnp.tanh)))
+rule("rnn_relu.input", random=_recurrent_draws)(_recurrent(_rnn_step(jax.nn.relu)))
 
 
 # ---------------------------------------------------------- python operators
