@@ -69,8 +69,7 @@ def model_rows() -> list[tuple]:
             op = ab.from_torch(m, mode="auto", discard_state=True)
             prog = op.fn.program(params, x)
             rows.append(row(name, "train" if train else "eval", prog))
-            if any(n.op == "call_function" and _aten.name_of(n.target) in _aten.RANDOM
-                   for n in prog.graph.nodes):
+            if any(_aten.draws(n) for n in prog.graph.nodes):
                 # something random: what translates when the op is given a key
                 keyed = ab.from_torch(m, mode="auto", discard_state=True)
                 rows.append(row(name, "train, key=" if train else "eval, key=",

@@ -205,7 +205,7 @@ def aten_packets() -> list[str]:
 _core_aten: tuple = (None, None)  # (the count of registered ops it was made for, the split)
 
 
-def to_core_aten(ep):
+def to_core_aten(ep, keep=()):
     """``ep.run_decompositions()``: the program in the core ATen op set, by torch's own
     default table, split into torch's two kinds of decomposition once, not per capture.
 
@@ -217,12 +217,21 @@ def to_core_aten(ep):
     2.6) is made again whenever an op has been registered or removed since
     (``_C._dispatch_get_all_op_names``, 5 ms), so a custom op registered later is
     decomposed as ``run_decompositions`` would. Where torch's names differ, it is
-    ``run_decompositions()`` itself."""
+    ``run_decompositions()`` itself. ``keep``: names of aten ops (``"lstm.input"``) left
+    whole, as leaving them out of ``run_decompositions``' table does (the split marks
+    such an op with ``torch._export.utils._special_op_to_preserve_cia``)."""
+    from torch._export import utils as _export_utils
     from torch.export import exported_program as _ep
+    kept = {getattr(getattr(torch.ops.aten, op), overload)
+            for op, _, overload in (k.partition(".") for k in keep)}
     split = getattr(_ep, "_split_decomp_table_to_cia_and_python_decomp", None)
     decompose = getattr(_ep, "_decompose_exported_program", None)
-    if split is None or decompose is None:
-        return ep.run_decompositions()
+    preserve = getattr(_export_utils, "_special_op_to_preserve_cia", None)
+    if split is None or decompose is None or preserve is None:
+        table = torch.export.default_decompositions()
+        for op in kept:
+            table.pop(op, None)
+        return ep.run_decompositions(table)
     global _core_aten
     n = len(_C._dispatch_get_all_op_names())
     made_for, table = _core_aten  # one tuple, replaced whole: threads see a count and its split
@@ -230,5 +239,6 @@ def to_core_aten(ep):
         table = split(torch.export.default_decompositions().materialize())
         _core_aten = (n, table)
     cia, python = table
-    return decompose(ep, cia_to_decomp=dict(cia), python_decomp_table=dict(python),
+    return decompose(ep, cia_to_decomp={k: preserve if k in kept else v for k, v in cia.items()},
+                     python_decomp_table={k: v for k, v in python.items() if k not in kept},
                      joint_loss_index=None, decompose_custom_triton_ops=False)

@@ -278,7 +278,8 @@ class Program:
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
                 warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
-                ep = _torch.to_core_aten(torch.export.export(module, ex[0], kwargs))
+                ep = _torch.to_core_aten(torch.export.export(module, ex[0], kwargs),
+                                         keep=_aten.KEPT)
                 for k, v in module.state_dict().items():  # capture changes nothing
                     if not torch.equal(v, kept[k]):
                         v.copy_(kept[k])
@@ -403,7 +404,7 @@ class Program:
             name = _aten.name_of(node.target)
             ok = node.op == "call_function" and name in _aten.RULES and (
                 name not in _aten.SUPPORTS or _aten.SUPPORTS[name](node))
-            if ok and name in _aten.RANDOM and not self.keyed:
+            if ok and _aten.draws(node) and not self.keyed:
                 random.setdefault(name, []).append(node.name)
                 ok = False
             if not ok:
@@ -679,8 +680,7 @@ def verify(prog: Program, args, arrays: dict, static: dict) -> None:
     translated (``key=``) draws other numbers than torch and is not compared.
     """
     t = prog.t
-    if any(_aten.name_of(n.target) in _aten.RANDOM for n in prog.graph.nodes
-           if n.op == "call_function" and n not in prog.fallback):
+    if any(_aten.draws(n) for n in prog.graph.nodes if n not in prog.fallback):
         return
     r = np.random.default_rng(0)
 
