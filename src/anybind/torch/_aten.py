@@ -865,7 +865,8 @@ def _mm_rule(node, a, b):
     d = _acc(node.dtype)
     if a.ndim == 3:  # bmm: an operand copied along the batch enters as its one matrix
         a, b = (v[0] if _one_matrix(arg) else v for v, arg in zip((a, b), node.node.args))
-    return jnp.broadcast_to(_mm(_cast(a, d), _cast(b, d)), node.shape)  # both: one product
+    # both copied: one product, copied along the batch as torch's result is
+    return jnp.broadcast_to(_mm(_cast(a, d), _cast(b, d)), node.shape)
 
 
 @rule("addmm.default", "baddbmm.default")

@@ -220,13 +220,15 @@ def to_core_aten(ep, keep=()):
     ``run_decompositions()`` itself. ``keep``: names of aten ops (``"lstm.input"``) left
     whole, as leaving them out of ``run_decompositions``' table does (the split marks
     such an op with ``torch._export.utils._special_op_to_preserve_cia``)."""
-    from torch._export import utils as _export_utils
     from torch.export import exported_program as _ep
+    try:
+        from torch._export.utils import _special_op_to_preserve_cia as preserve
+    except ImportError:
+        preserve = None
     kept = {getattr(getattr(torch.ops.aten, op), overload)
             for op, _, overload in (k.partition(".") for k in keep)}
     split = getattr(_ep, "_split_decomp_table_to_cia_and_python_decomp", None)
     decompose = getattr(_ep, "_decompose_exported_program", None)
-    preserve = getattr(_export_utils, "_special_op_to_preserve_cia", None)
     if split is None or decompose is None or preserve is None:
         table = torch.export.default_decompositions()
         for op in kept:
