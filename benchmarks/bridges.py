@@ -515,7 +515,7 @@ def _models():
         y = ln(p, "ln1", x)
         qkv = jnp.matmul(y, p["attn.in_proj_weight"].T, precision=hi) + p["attn.in_proj_bias"]
         q, k, v = (t.reshape(*t.shape[:-1], heads, -1) for t in jnp.split(qkv, 3, -1))
-        a = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=hi) / np.sqrt(q.shape[-1])
+        a = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=hi) / q.shape[-1] ** 0.5
         o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(a, -1), v, precision=hi)
         x = x + lin(p, "attn.out_proj", o.reshape(x.shape))
         h = jax.nn.gelu(lin(p, "ff.0", ln(p, "ln2", x)), approximate=False)
