@@ -1184,6 +1184,36 @@ rule("rnn_tanh.input", random=_recurrent_draws)(_recurrent(_rnn_step(jnp.tanh)))
 rule("rnn_relu.input", random=_recurrent_draws)(_recurrent(_rnn_step(jax.nn.relu)))
 
 
+# ------------------------------------------------------------ Fourier transforms
+
+def _fft_norm(normalization: int, forward: bool) -> str:
+    """torch's ``fft_norm_mode`` (0: none, 1: by √n, 2: by n) as ``jnp.fft``'s ``norm``:
+    the scaling of the transform in the direction given, forward or inverse. (``jnp.fft``
+    names the direction that divides by n: ``"forward"`` or ``"backward"``.)"""
+    if normalization == 1:
+        return "ortho"
+    divides = normalization == 2
+    return "forward" if divides == forward else "backward"
+
+
+@rule("_fft_r2c.default")
+def _fft_r2c(node, x, dim, normalization, onesided):
+    fft = jnp.fft.rfftn if onesided else jnp.fft.fftn
+    return fft(x, axes=dim, norm=_fft_norm(normalization, True))
+
+
+@rule("_fft_c2c.default")
+def _fft_c2c(node, x, dim, normalization, forward):
+    fft = jnp.fft.fftn if forward else jnp.fft.ifftn
+    return fft(x, axes=dim, norm=_fft_norm(normalization, forward))
+
+
+@rule("_fft_c2r.default")
+def _fft_c2r(node, x, dim, normalization, last_dim_size):
+    s = [x.shape[d] for d in dim[:-1]] + [last_dim_size]
+    return jnp.fft.irfftn(x, s=s, axes=dim, norm=_fft_norm(normalization, False))
+
+
 # ---------------------------------------------------------- python operators
 
 @rule("_operator::getitem")
