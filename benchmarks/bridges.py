@@ -570,7 +570,7 @@ def time_models(repeats: int, sample_s: float) -> dict:
     for name, cls, shape, by_hand, sizes in _models():
         torch.manual_seed(0)
         m = cls().eval()
-        p = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
+        p = {k: jnp.array(v.numpy()) for k, v in m.state_dict().items()}
         tp = {k: v.detach().clone() for k, v in m.state_dict().items()}
         for n in sizes:
             x = np.random.default_rng(0).standard_normal(shape(n)).astype(np.float32)

@@ -64,7 +64,7 @@ def model_rows() -> list[tuple]:
         for train in (False, True):
             torch.manual_seed(0)
             m = cls().train(train)
-            params = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
+            params = {k: jnp.array(v.numpy()) for k, v in m.state_dict().items()}
             x = jnp.zeros(shape, jnp.float32)
             op = ab.from_torch(m, mode="auto", discard_state=True)
             prog = op.fn.program(params, x)

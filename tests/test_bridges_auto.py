@@ -186,7 +186,7 @@ def test_a_module_that_changes_its_attributes_is_one_torch_call():
     m1, m2 = _Counting().double(), _Counting().double()
     m2.load_state_dict(m1.state_dict())
     auto, call = ab.from_torch(m1), ab.from_torch(m2, mode="call")
-    p = {k: jnp.asarray(v.numpy()) for k, v in m1.state_dict().items()}
+    p = {k: jnp.array(v.numpy()) for k, v in m1.state_dict().items()}
     x = jnp.ones((2, 3))
     for _ in range(2):
         assert_close(auto(p, x), call(p, x))
@@ -260,7 +260,7 @@ def test_switching_train_and_eval_after_a_call_is_seen():
     m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double().eval()
     auto = ab.from_torch(m, discard_state=True)
     call = ab.from_torch(m, discard_state=True, mode="call")
-    p = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
+    p = {k: jnp.array(v.numpy()) for k, v in m.state_dict().items()}
     x = jnp.asarray(np.random.default_rng(0).standard_normal((6, 3)))
     assert_close(auto(p, x), call(p, x))
     m.train()  # batch statistics now: another program
@@ -273,7 +273,7 @@ def test_switching_train_and_eval_after_a_call_is_seen():
 def _bn():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double().train()
-    return m, {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
+    return m, {k: jnp.array(v.numpy()) for k, v in m.state_dict().items()}
 
 
 def test_return_state_and_discard_state_as_in_call_mode():
@@ -443,7 +443,7 @@ def test_jax_export_of_a_default_op():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(3, 8), nn.GELU(), nn.LayerNorm(8), nn.Linear(8, 2))
     op = ab.from_torch(m)
-    p = {k: jnp.asarray(v.numpy()) for k, v in m.state_dict().items()}
+    p = {k: jnp.array(v.numpy()) for k, v in m.state_dict().items()}
     x = jnp.asarray(np.random.default_rng(2).standard_normal((4, 3)), jnp.float32)
     exp = jax.export.export(jax.jit(jax.value_and_grad(lambda p, x: op(p, x).sum())))(p, x)
     back = jax.export.deserialize(exp.serialize())

@@ -43,7 +43,7 @@ def _jax_mlp(p, x):
 
 
 def _params(net):
-    return {k: jnp.asarray(v.numpy()) for k, v in net.state_dict().items()}
+    return {k: jnp.array(v.numpy()) for k, v in net.state_dict().items()}
 
 
 def test_mlp_module_values_parameter_gradients_and_input_hvp():

@@ -29,7 +29,7 @@ def _torch_cnn():
 
 
 def _params(net):
-    return {k: jnp.asarray(v.detach().numpy()) for k, v in net.named_parameters()}
+    return {k: jnp.array(v.detach().numpy()) for k, v in net.named_parameters()}
 
 
 def _cross_entropy(logits, labels):

@@ -49,7 +49,7 @@ def test_module_with_shared_weights(keyed):
     torch.manual_seed(0)
     m = _ModuleWithSharedWeights().double()
     assert len(m.state_dict()) == 4  # a's weight and bias, and b's
-    params = {k: jnp.asarray(v.detach().numpy()) for k, v in dict(getattr(m, keyed)()).items()}
+    params = {k: jnp.array(v.detach().numpy()) for k, v in dict(getattr(m, keyed)()).items()}
     assert len(params) == (4 if keyed == "state_dict" else 2)  # deduplicated
     op = ab.from_torch(m)
     x = torch.randn(10, 10, dtype=torch.float64)
@@ -101,7 +101,7 @@ def test_tied_weights():
     assert model.head.weight is model.emb.weight
     x = torch.randint(0, 10, (2, 5))
     res_torch = model(x)
-    weights = {k: jnp.asarray(v.detach().numpy()) for k, v in model.named_parameters()}
+    weights = {k: jnp.array(v.detach().numpy()) for k, v in model.named_parameters()}
     assert "emb.weight" in weights and "head.weight" not in weights  # deduplicated
     op = ab.from_torch(model)
     assert_close(op(weights, x.numpy()), res_torch.detach().numpy())

@@ -23,7 +23,7 @@ def _np(t):
 
 
 def _state(module):
-    return {k: jnp.asarray(v.numpy()) for k, v in module.state_dict().items()}
+    return {k: jnp.array(v.numpy()) for k, v in module.state_dict().items()}
 
 
 def _unchanged(tree, kept):
@@ -257,7 +257,7 @@ def test_tied_weights(keyed):
     torch.manual_seed(0)
     net = _Tied().double()
     op = ab.from_torch(net)
-    params = {k: jnp.asarray(v.detach().numpy()) for k, v in dict(getattr(net, keyed)()).items()}
+    params = {k: jnp.array(v.detach().numpy()) for k, v in dict(getattr(net, keyed)()).items()}
     x = jnp.asarray(randn((4, 3)))
     assert_close(op(params, x), _np(net(_t(x))))
     got = jax.grad(lambda p: op(p, x).sum())(params)
@@ -343,7 +343,7 @@ def test_a_from_torch_op_pickles_as_from_torch_of_its_code():
         back = pickle.loads(pickle.dumps(made))
         assert back.name == made.name
         args = ((jnp.linspace(0.1, 1.0, 3),) if made.name == "pickled_sin" else
-                ({k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()},
+                ({k: jnp.array(v.detach().numpy()) for k, v in net.state_dict().items()},
                  jnp.linspace(0.1, 1.0, 3)))
         f = lambda *a, op=made: op(*a).sum()  # noqa: E731
         g = lambda *a, op=back: op(*a).sum()  # noqa: E731

@@ -281,7 +281,7 @@ def _bn_net():
 
 
 def _state(module):
-    return {k: jnp.asarray(v.numpy()) for k, v in module.state_dict().items()}
+    return {k: jnp.array(v.numpy()) for k, v in module.state_dict().items()}
 
 
 def _snapshot(module):
@@ -299,7 +299,7 @@ def _same_state(module, kept):
 def test_params_missing_the_buffers_is_an_error_naming_them():
     net = _bn_net().train()
     op = ab.from_torch(net, return_state=True)
-    params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.named_parameters()}
+    params = {k: jnp.array(v.detach().numpy()) for k, v in net.named_parameters()}
     kept = _snapshot(net)
     with pytest.raises(TypeError, match=r"anybind op 'Sequential'.*missing key\(s\).*"
                                         r"1\.num_batches_tracked.*1\.running_mean"):
@@ -330,7 +330,7 @@ def test_tied_names_need_only_one_of_them():
             return self.b(self.a(x))
     m = Tied()
     op = ab.from_torch(m)
-    params = {k: jnp.asarray(v.detach().numpy()) for k, v in m.named_parameters()}
+    params = {k: jnp.array(v.detach().numpy()) for k, v in m.named_parameters()}
     assert set(params) == {"a.weight", "a.bias"}
     x = jnp.ones((3, 2))
     assert_close(op(params, x), m(torch.ones(3, 2, dtype=torch.float64)).detach().numpy())

@@ -175,7 +175,7 @@ def from_torch(fn: Callable, *, shape=None, name: str | None = None, vmap=None,
     -0.3135...
     >>> net = torch.nn.Linear(3, 2)
     >>> op = ab.from_torch(net)
-    >>> params = {k: jnp.asarray(v.detach().numpy()) for k, v in net.state_dict().items()}
+    >>> params = {k: jnp.array(v.detach().numpy()) for k, v in net.state_dict().items()}
     >>> jax.grad(lambda p, x: op(p, x).sum())(params, jnp.ones(3))["bias"]
     Array([1., 1.], dtype=float32)
     >>> exact = ab.from_torch(net, mode="call")  # torch itself at run time
@@ -678,7 +678,7 @@ def _module_function(module: torch.nn.Module, return_state: bool,
                 f"anybind op '{name}': its params dict must hold exactly the keys of the "
                 f"module's state_dict() (parameters and buffers; of tied names, one is "
                 f"enough); it has {' and '.join(parts)}. Build it as "
-                f"{{k: jnp.asarray(v.numpy()) for k, v in module.state_dict().items()}}")
+                f"{{k: jnp.array(v.numpy()) for k, v in module.state_dict().items()}}")
 
     def call_module(params, *inputs, **kw):
         check(params)

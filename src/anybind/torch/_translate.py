@@ -491,7 +491,7 @@ def _constant(v):
         v = v.detach()
         if v.dtype == torch.bfloat16:
             return jnp.asarray(v.float().numpy()).astype(jnp.bfloat16)
-        return jnp.asarray(v.numpy())
+        return jnp.array(v.numpy())
     return v
 
 
