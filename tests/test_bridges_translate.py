@@ -580,6 +580,13 @@ OPS = {
                                                      b, "sum")
                        + a.scatter_reduce(0, torch.tensor([[0, 1, 0], [2, 0, 1]]), b, "mean",
                                           include_self=False), _shapes((3, 3), (2, 3))),
+    # no rule of its own: torch's decomposition of grid_sampler_2d, translated; every
+    # mode and padding, inside the grid and out
+    "grid_sample": (lambda a, g: F.grid_sample(a, g, align_corners=False)
+                    + F.grid_sample(a, g, mode="nearest", padding_mode="reflection",
+                                    align_corners=True)
+                    + F.grid_sample(a, g, mode="bicubic", padding_mode="border",
+                                    align_corners=False), _shapes((1, 2, 5, 6), (1, 3, 4, 2))),
     # real to complex, one-sided and not; complex to complex, both ways; complex to real,
     # of an odd length; every normalization; a complex product; the real part
     "fft": (lambda a, b: torch.fft.irfft(torch.fft.rfft(a, norm="ortho") * b, n=7)

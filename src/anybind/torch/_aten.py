@@ -131,9 +131,12 @@ for _names, _fn in [
     (("atan2.default",), jnp.arctan2),
     (("hypot.default",), jnp.hypot),
     (("copysign.Tensor",), jnp.copysign),
-    (("bitwise_and.Tensor", "bitwise_and.Scalar"), jnp.bitwise_and),
-    (("bitwise_or.Tensor", "bitwise_or.Scalar"), jnp.bitwise_or),
-    (("bitwise_xor.Tensor", "bitwise_xor.Scalar"), jnp.bitwise_xor),
+    (("bitwise_and.Tensor", "bitwise_and.Scalar", "__and__.Tensor", "__and__.Scalar"),
+     jnp.bitwise_and),
+    (("bitwise_or.Tensor", "bitwise_or.Scalar", "__or__.Tensor", "__or__.Scalar"),
+     jnp.bitwise_or),
+    (("bitwise_xor.Tensor", "bitwise_xor.Scalar", "__xor__.Tensor", "__xor__.Scalar"),
+     jnp.bitwise_xor),
     (("pow.Tensor_Tensor", "pow.Tensor_Scalar"), jnp.power),
 ]:
     rule(*_names)(_binary(_fn))

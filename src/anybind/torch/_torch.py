@@ -244,3 +244,12 @@ def to_core_aten(ep, keep=()):
     return decompose(ep, cia_to_decomp={k: preserve if k in kept else v for k, v in cia.items()},
                      python_decomp_table={k: v for k, v in python.items() if k not in kept},
                      joint_loss_index=None, decompose_custom_triton_ops=False)
+
+
+def decompositions(ops) -> dict:
+    """Of ``ops`` (op overloads), those torch has a Python decomposition of, each with
+    it (``torch._decomp.decomposition_table``, 2.0): ``grid_sampler_2d``, the norms'
+    backward ops, ... (``ExportedProgram.run_decompositions`` with such a table
+    decomposes those and keeps every other op, CompositeImplicit ones included, 2.6.)"""
+    from torch._decomp import decomposition_table
+    return {op: decomposition_table[op] for op in ops if op in decomposition_table}

@@ -278,8 +278,8 @@ class Program:
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
                 warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
-                ep = _torch.to_core_aten(torch.export.export(module, ex[0], kwargs),
-                                         keep=_aten.KEPT)
+                ep = _without_unruled(_torch.to_core_aten(
+                    torch.export.export(module, ex[0], kwargs), keep=_aten.KEPT))
                 for k, v in module.state_dict().items():  # capture changes nothing
                     if not torch.equal(v, kept[k]):
                         v.copy_(kept[k])
@@ -484,6 +484,21 @@ def _static_shapes(node) -> bool:
         if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
             return False
     return True
+
+
+def _without_unruled(ep):
+    """``ep`` with each op that has no rule replaced by torch's own decomposition of it,
+    where torch has one and every op that gives has a rule (core ATen keeps some ops
+    torch knows how to decompose, ``grid_sampler_2d`` among them; others decompose to
+    ``prims``, which are kept out)."""
+    def unruled(ep):
+        return {n.target for n in ep.graph.nodes
+                if n.op == "call_function" and _aten.name_of(n.target) not in _aten.RULES}
+    for op, decomposition in _torch.decompositions(unruled(ep)).items():
+        decomposed = ep.run_decompositions({op: decomposition})
+        if unruled(decomposed) <= unruled(ep) - {op}:
+            ep = decomposed
+    return ep
 
 
 def _constant(v):
