@@ -292,7 +292,7 @@ def test_auto_runs_random_ops_without_a_key_by_torch():
 
 # ------------------------------------------------- translate's errors, auto's calls
 
-def _partly(x):
+def _partly(x):  # torch decomposes erfcx to a prim, which the translation keeps out
     return torch.special.erfcx(x.sin()) * torch.special.i1e(x) + x ** 2
 
 
