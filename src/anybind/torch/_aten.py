@@ -848,8 +848,8 @@ def _one_matrix(arg) -> bool:
     """Whether a ``bmm`` operand (an fx node) is one matrix copied along the batch: an
     ``expand`` that adds or widens dim 0, seen through views that keep its shape.
 
-    torch's ``matmul`` decomposition writes ``x @ w`` so where a 3-d ``x`` cannot be
-    folded into one ``mm`` (a permuted input, as in ``nn.LSTM``). Taken literally, XLA
+    torch's ``matmul`` decomposition writes ``x @ w`` that way where a 3-d ``x`` cannot
+    be folded into one ``mm`` (a permuted input, as in ``nn.LSTM``). Taken literally, XLA
     copies ``w`` once per batch and runs a batched product; the rule takes one copy,
     so that XLA (which folds the slice of a broadcast) runs one matrix product with
     ``w`` itself, and the gradient sums over the batch inside it."""
