@@ -452,6 +452,66 @@ def test_inplace_code_is_out_of_place():
     assert_close(v, np.arange(3.0))
 
 
+def test_median_picks_and_shares_as_torch_does():
+    """Along a dim: the lower middle value, at the index torch gives it among ties, NaN
+    where there is one (nanmedian: left out). Over all elements (torch's
+    ``evenly_distribute_backward``): the derivative shared among the elements equal to it."""
+    x = torch.tensor([[1.0, np.nan, 0, 2], [3, 1, 1, 2], [3, 1, 5, 2]], dtype=torch.float64)
+    fns = [lambda v: torch.median(v, 0), lambda v: torch.median(v, 1, keepdim=True),
+           lambda v: torch.nanmedian(v, 1), lambda v: torch.nanmedian(v, 0),
+           lambda v: torch.median(v), lambda v: torch.nanmedian(v),
+           lambda v: torch.median(v[1:])]
+    for fn in fns:
+        op = ab.from_torch(fn, mode="translate")
+        want, got = fn(x), op(x.numpy())
+        if isinstance(want, tuple):
+            np.testing.assert_array_equal(got[1], want.indices.numpy())
+            want, value = want.values, lambda v: op(v)[0]
+        else:
+            value = op
+        np.testing.assert_array_equal(np.asarray(value(x.numpy())), want.numpy())
+        xt = x.clone().requires_grad_()
+        out = fn(xt)
+        (out if isinstance(out, torch.Tensor) else out.values).sum().backward()
+        grad = jax.grad(lambda v: value(v).sum())(x.numpy())
+        np.testing.assert_array_equal(np.asarray(grad), xt.grad.numpy())
+
+
+def test_as_strided_reads_the_layout_of_a_contiguous_input_only():
+    """``as_strided`` indexes memory: it translates where its input is laid out as JAX's
+    row-major arrays are (a program's input); elsewhere the program is one torch call."""
+    a = torch.randn(3, 4, dtype=torch.float64)
+    f = lambda v: torch.as_strided(v, (3, 2), (1, 3), 1) * 2  # noqa: E731
+    assert_close(ab.from_torch(f, mode="translate")(a.numpy()), f(a).numpy())
+    assert_close(jax.grad(lambda v: ab.from_torch(f, mode="translate")(v)[1, 1])(a.numpy()),
+                 np.eye(12)[1 + 1 + 3].reshape(3, 4) * 2)
+    # a transposed view; a view that reaches past its own end into its base's memory
+    for g in (lambda v: torch.as_strided(v.t(), (3, 2), (1, 3), 1) * 2,
+              lambda v: torch.as_strided(v[:1], (3, 3), (3, 1)) * 2):
+        with pytest.raises(TypeError, match="as_strided"):
+            ab.from_torch(g, mode="translate")(a.numpy())
+        auto = ab.from_torch(g)
+        assert_close(auto(a.numpy()), g(a).numpy())
+        assert auto.fn.program(a.numpy()).whole_call  # a torch call would see a copy
+
+
+def test_a_singular_matrix_is_torchs_error_in_auto_and_inf_or_nan_in_translate():
+    """torch checks the error flags of ``solve``, ``inv`` and ``cholesky`` (an effect in the
+    captured program) and raises; XLA has no such check. ``"auto"`` keeps torch's
+    behaviour, running the program as one torch call; ``"translate"`` computes what
+    ``jnp.linalg`` computes."""
+    f = lambda a, b: torch.linalg.solve(a, b) + torch.linalg.inv(a)  # noqa: E731
+    singular, eye = np.ones((3, 3)), np.eye(3)
+    assert not np.isfinite(np.asarray(ab.from_torch(f, mode="translate")(singular, eye))).all()
+    assert_close(ab.from_torch(f, mode="translate")(2 * eye, eye), eye)
+    auto = ab.from_torch(f)
+    assert auto.fn.program(eye, eye).whole_call
+    with pytest.raises(Exception, match="singular"):
+        jax.block_until_ready(jax.jit(auto)(singular, eye))
+    chol = ab.from_torch(torch.linalg.cholesky, mode="translate")
+    assert np.isnan(np.asarray(chol(-eye))).any()
+
+
 def test_a_matrix_copied_along_the_batch_enters_one_product():
     """torch's matmul decomposition writes ``x.permute(1, 0, 2) @ w`` (nn.LSTM's input
     projection) as ``bmm`` with ``w`` copied along the batch by ``expand``; the
@@ -511,6 +571,10 @@ def test_a_fourier_layer_with_complex_weights_translates_and_agrees_with_torch()
 
 def _shapes(*s):
     return s
+
+
+def _eye(a):
+    return torch.eye(a.shape[-1], dtype=a.dtype)
 
 
 # name -> (function of tensors, input shapes, float inputs differentiable)
@@ -594,6 +658,43 @@ OPS = {
             + torch.view_as_real(torch.fft.fftn(a, norm="forward")).sum(-1)
             + torch.fft.irfft2(torch.fft.rfft2(a), s=(3, 7)),
             _shapes((3, 7), (3, 4))),
+    "median_logcumsumexp_unfold": (lambda a: a.median(1, keepdim=True)[0]
+                                   + a.nanmedian(0)[0] + a.median() + a.logcumsumexp(1)
+                                   + a.unfold(1, 2, 1).sum(-1).repeat(1, 2)[:, :4],
+                                   _shapes((3, 4))),
+    "adaptive_max_pool": (lambda a: F.adaptive_max_pool2d(a, (3, 2)).sum((-1, -2))
+                          + F.adaptive_max_pool1d(a[..., 0], 2).sum(-1), _shapes((1, 2, 7, 5))),
+    # sum with weights by sample, an empty bag, the last offset included; mean and max with
+    # a padding index left out of its bag
+    "embedding_bag": (lambda w, s: F.embedding_bag(torch.tensor([3, 1, 4, 1, 5, 9, 2]), w,
+                                                   torch.tensor([0, 2, 2, 5, 7]), mode="sum",
+                                                   per_sample_weights=s[0, :7],
+                                                   include_last_offset=True)
+                      + F.embedding_bag(torch.tensor([3, 1, 4, 3, 5, 9, 2]), w,
+                                        torch.tensor([0, 2, 2, 5]), mode="mean", padding_idx=3)
+                      + F.embedding_bag(torch.tensor([3, 1, 4, 3, 5, 9, 2]), w,
+                                        torch.tensor([0, 2, 2, 5]), mode="max", padding_idx=3),
+                      _shapes((10, 3), (1, 8))),
+    "bilinear": (lambda a, b, w, c: F.bilinear(a, b, w, c), _shapes((4, 3), (4, 5), (2, 3, 5),
+                                                                    (2,))),
+    # torch reads one triangle of eigh's and cholesky's input: a matrix that is not
+    # symmetric; only the eigenvalues and singular values, which are unique
+    "linalg": (lambda a, b: torch.linalg.solve(a @ a.mT + 3 * _eye(a), b)
+               + torch.linalg.inv(a + 3 * _eye(a))
+               + torch.linalg.cholesky(a @ a.mT + torch.triu(a, 1) + 3 * _eye(a))
+               + torch.linalg.solve_triangular(a + 3 * _eye(a), b, upper=True)
+               + torch.cholesky_solve(b, torch.tril(a) + 4 * _eye(a))
+               + torch.linalg.pinv(a) + torch.linalg.qr(a).Q + torch.linalg.qr(a).R
+               + (torch.linalg.det(a) + torch.linalg.slogdet(a)[1]
+                  + torch.linalg.eigvalsh(a, UPLO="U") + torch.linalg.svdvals(a))[:, None],
+               _shapes((4, 4), (4, 4))),
+    # a short-time Fourier transform: windows by unfold, an FFT, the magnitude
+    "stft": (lambda a: torch.stft(a.flatten(), 4, hop_length=2, return_complex=True,
+                                  window=torch.hann_window(4, dtype=a.dtype)).abs(),
+             _shapes((3, 4))),
+    # abs and angle of complex numbers are real; the conjugate; polar form
+    "complex": (lambda a, b: (torch.polar(a.abs() + 0.5, b) * (a + 1j * b).conj()).abs()
+                + (a + 1j * b).angle(), _shapes((3, 4), (3, 4))),
 }
 _TOL = {torch.float64: (1e-9, 1e-11), torch.float32: (2e-5, 2e-5),
         torch.bfloat16: (3e-2, 3e-2)}
@@ -618,7 +719,7 @@ def _inputs(shapes, dtype, transposed):
 @pytest.mark.parametrize("name", list(OPS))
 def test_each_translated_op_agrees_with_torch(name, dtype):
     fn, shapes = OPS[name]
-    if name in ("cdist", "fft") and dtype == torch.bfloat16:
+    if name in ("cdist", "fft", "stft", "linalg", "complex") and dtype == torch.bfloat16:
         pytest.skip(f"torch has no bfloat16 {name} on the CPU to compare with")
     ts = _inputs(shapes, dtype, transposed=dtype == torch.float64)
     for t in ts:

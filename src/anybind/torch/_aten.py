@@ -103,15 +103,24 @@ def _dims(dim, ndim: int) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ elementwise
 
+def _reads(n) -> set:
+    """Which outputs of a multi-output fx node the graph reads (``getitem`` indices)."""
+    return {u.args[1] if u.target is operator.getitem else None for u in n.users}
+
+
+def _only_first_output(n) -> bool:
+    return _reads(n) <= {0}
+
+
 def _elementwise(fn: Callable, compute: str = "out") -> Callable:
     """A rule computing ``fn`` on operands cast to the output's dtype (``compute="out"``),
-    or to their promoted dtype under torch's rules (``"promote"``: comparisons)."""
+    or to their promoted dtype under torch's rules (``"promote"``: comparisons). A complex
+    operand of a real result (``abs``, ``angle``) stays complex."""
     def run(node, *args, **kw):
-        if compute == "out":
-            d = _acc(node.dtype)
-        else:
-            d = node.promoted
-        return fn(*(_cast(a, d) for a in args), **kw)
+        d = _acc(node.dtype) if compute == "out" else node.promoted
+        real = not jnp.issubdtype(d, jnp.complexfloating)
+        return fn(*(a if real and _is_array(a) and jnp.iscomplexobj(a) else _cast(a, d)
+                    for a in args), **kw)
     return run
 
 
@@ -187,7 +196,7 @@ for _name, _fn in [
     ("trunc", jnp.trunc), ("sign", jnp.sign), ("reciprocal", jnp.reciprocal),
     ("sigmoid", jax.nn.sigmoid), ("relu", jax.nn.relu), ("bitwise_not", jnp.invert),
     ("lgamma", jax.scipy.special.gammaln), ("digamma", jax.scipy.special.digamma),
-    ("sgn", jnp.sign),
+    ("sgn", jnp.sign), ("angle", jnp.angle),
 ]:
     rule(f"{_name}.default")(_elementwise(_fn))
 
@@ -270,7 +279,7 @@ def _to_copy(node, x, **kw):
 
 
 @rule("clone.default", "alias.default", "lift_fresh_copy.default", "detach.default",
-      "contiguous.default")
+      "contiguous.default", "resolve_conj.default", "resolve_neg.default")
 def _identity(node, x, **kw):
     return x
 
@@ -477,12 +486,32 @@ def _triu(node, x, diagonal=0):
     return jnp.triu(x, diagonal)
 
 
+@rule("unfold.default")
+def _unfold(node, x, dim, size, step):
+    """``x.unfold(dim, size, step)``: the windows along ``dim``, each a new last axis."""
+    if x.ndim == 0:
+        return x.reshape(1)
+    dim = dim % x.ndim
+    starts = np.arange((x.shape[dim] - size) // step + 1) * step
+    windows = jnp.take(x, starts[:, None] + np.arange(size), axis=dim)
+    return jnp.moveaxis(windows, dim + 1, -1)
+
+
 def _contiguous_base(node) -> bool:
-    base = node.node.args[0].meta.get("val")
-    return isinstance(base, torch.Tensor) and base.is_contiguous() and base.storage_offset() == 0
+    """The input is laid out as its JAX array is, and the view stays inside it (a view of
+    a larger tensor can reach past its own end, into memory the array does not have)."""
+    base = node.args[0].meta.get("val")
+    size, stride = node.args[1], node.args[2]
+    offset = node.args[3] if len(node.args) > 3 and node.args[3] is not None else 0
+    reach = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    return (isinstance(base, torch.Tensor) and base.is_contiguous()
+            and base.storage_offset() == 0 and (0 in size or reach < base.numel()))
 
 
-@rule("as_strided.default", "as_strided_copy.default", supports=_contiguous_base)
+LAYOUT = ("aten::as_strided.default", "aten::as_strided_copy.default")
+
+
+@rule(*LAYOUT, supports=_contiguous_base)
 def _as_strided(node, x, size, stride, storage_offset=None):
     idx = (storage_offset or 0) + sum(
         np.arange(n).reshape([-1 if i == j else 1 for j in range(len(size))]) * s
@@ -514,6 +543,16 @@ def _view_as_real(node, x):
 @rule("view_as_complex.default")
 def _view_as_complex(node, x):
     return lax.complex(x[..., 0], x[..., 1])
+
+
+@rule("_conj.default", "conj_physical.default", "_conj_physical.default")
+def _conj(node, x):
+    return jnp.conj(x)
+
+
+@rule("polar.default")
+def _polar(node, magnitude, angle):
+    return lax.complex(magnitude * jnp.cos(angle), magnitude * jnp.sin(angle))
 
 
 @rule("_assert_tensor_metadata.default", "_assert_scalar.default",
@@ -722,6 +761,42 @@ def _embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, 
     return jnp.take(weight, indices, axis=0)
 
 
+def _embedding_bag_used(n) -> bool:
+    """Only the bags are read (the other three outputs are torch's bookkeeping for its
+    backward), and the weights by sample, if any, are summed."""
+    mode = n.args[4] if len(n.args) > 4 else n.kwargs.get("mode", 0)
+    weighted = len(n.args) > 6 and n.args[6] is not None
+    return _only_first_output(n) and not (weighted and mode != 0)
+
+
+@rule("_embedding_bag.default", "_embedding_bag_forward_only.default",
+      supports=_embedding_bag_used)
+def _embedding_bag(node, weight, indices, offsets, scale_grad_by_freq=False, mode=0,
+                   sparse=False, per_sample_weights=None, include_last_offset=False,
+                   padding_idx=-1):
+    """``F.embedding_bag``: bag ``i`` is ``indices[offsets[i]:offsets[i + 1]]`` (the last
+    runs to the end unless ``include_last_offset``), reduced by sum, mean or max; entries
+    equal to ``padding_idx`` are left out; an empty bag is zeros, as torch's."""
+    bags = node.shape[0][0]
+    pos = jnp.arange(indices.shape[0])
+    bag = jnp.searchsorted(offsets, pos, side="right") - 1
+    keep = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    rows = jnp.take(weight, indices, axis=0)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    bag = jnp.where(keep, bag, bags)  # left-out entries land in a bag past the last
+    if mode == 2:
+        top = jax.ops.segment_max(rows, bag, num_segments=bags + 1)[:bags]
+        count = jax.ops.segment_sum(jnp.ones_like(pos), bag, num_segments=bags + 1)[:bags]
+        return jnp.where(count[:, None] > 0, top, 0), None, None, None
+    d = _acc(node.dtypes[0])
+    total = jax.ops.segment_sum(_cast(rows, d), bag, num_segments=bags + 1)[:bags]
+    if mode == 1:
+        count = jax.ops.segment_sum(jnp.ones(pos.shape, d), bag, num_segments=bags + 1)
+        total = total / jnp.maximum(count[:bags], 1)[:, None]
+    return total, None, None, None
+
+
 # ------------------------------------------------------------------ reductions
 
 def _reduction(fn, dtype_arg=True):
@@ -805,6 +880,13 @@ def _logsumexp(node, x, dim, keepdim=False):
                             keepdims=keepdim)
 
 
+@rule("logcumsumexp.default")
+def _logcumsumexp(node, x, dim):
+    if x.ndim == 0:
+        return x
+    return lax.cumlogsumexp(_cast(x, _acc(node.dtype)), axis=dim % x.ndim)
+
+
 @rule("_softmax.default")
 def _softmax(node, x, dim, half_to_float=False):
     return jax.nn.softmax(_cast(x, _acc(x.dtype)), axis=dim % max(x.ndim, 1))
@@ -832,6 +914,43 @@ def _topk(node, x, k, dim=-1, largest=True, sorted=True):  # noqa: A002  (torch'
     vals, idx = lax.top_k(moved, k)
     vals = vals if largest else -vals
     return jnp.moveaxis(vals, -1, dim), jnp.moveaxis(idx, -1, dim)
+
+
+def _median(x, dim, keepdim, skip_nan):
+    """torch's median along ``dim``: the lower of the two middle values, at the index
+    a stable sort puts there; a NaN makes the median NaN (its first index), or is left
+    out (``skip_nan``: nanmedian, NaN only where all are)."""
+    order = jnp.argsort(x, axis=dim, stable=True)  # NaNs sort last
+    nan = jnp.isnan(x)
+    count = x.shape[dim] - (nan.sum(axis=dim, keepdims=True) if skip_nan else 0)
+    k = jnp.broadcast_to(jnp.maximum(count - 1, 0) // 2,
+                         x.shape[:dim] + (1,) + x.shape[dim + 1:])
+    idx = jnp.take_along_axis(order, k, axis=dim)
+    if not skip_nan:
+        first = jnp.argmax(nan, axis=dim, keepdims=True)
+        idx = jnp.where(nan.any(axis=dim, keepdims=True), first, idx)
+    val = jnp.take_along_axis(x, idx, axis=dim)
+    if not keepdim:
+        val, idx = val.squeeze(dim), idx.squeeze(dim)
+    return val, idx
+
+
+@rule("median.dim", "nanmedian.dim")
+def _median_dim(node, x, dim=0, keepdim=False):
+    skip = node.node.target.__name__.startswith("nanmedian")
+    if x.ndim == 0:
+        return x, jnp.zeros((), node.dtypes[1])
+    return _median(x, dim % x.ndim, keepdim, skip)
+
+
+@rule("median.default", "nanmedian.default")
+def _median_all(node, x):
+    skip = node.node.target.__name__.startswith("nanmedian")
+    v = lax.stop_gradient(_median(x.reshape(-1), 0, False, skip)[0])
+    # torch shares the derivative evenly among the elements equal to the median (or NaN)
+    at = lax.stop_gradient((x == v) | (jnp.isnan(x) & jnp.isnan(v)))
+    share = jnp.sum(jnp.where(at, x, 0)) / jnp.sum(at)
+    return v + (share - lax.stop_gradient(share))
 
 
 # -------------------------------------------------------------- linear algebra
@@ -885,6 +1004,143 @@ def _addmm(node, bias, a, b, *, beta=1, alpha=1):
 @rule("dot.default")
 def _dot(node, a, b):
     return jnp.dot(a, b, precision=HIGHEST)
+
+
+@rule("_trilinear.default")
+def _trilinear(node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """``nn.Bilinear``'s product: each input widened by size-1 dims at ``expand*``, their
+    product summed over ``sumdim``; as one einsum."""
+    ndim = i1.ndim + len(expand1)
+    size = [1] * ndim
+    subs = []
+    for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        axes = [a for a in range(ndim) if a not in expand]
+        for a, n in zip(axes, x.shape, strict=True):
+            size[a] = max(size[a], n)
+        subs.append((x, axes))
+    d = _acc(node.dtype)
+    ops = []
+    for x, axes in subs:  # a size-1 dim that another input widens: broadcast, dropped
+        keep = [i for i, a in enumerate(axes) if x.shape[i] == size[a]]
+        ops += [_cast(x.reshape([x.shape[i] for i in keep]), d), [axes[i] for i in keep]]
+    out = jnp.einsum(*ops, [a for a in range(ndim) if a not in sumdim], precision=HIGHEST)
+    return out.reshape(node.shape)
+
+
+# torch's matrix functions that can fail (singular, not positive definite) return an error
+# flag that a checking node (``_linalg_check_errors``, an effect) raises on; the translation
+# computes what ``jnp.linalg`` computes there (inf or NaN) and checks nothing
+def _checked(*results, info):
+    """supports: the graph reads only the outputs ``results``, and ``info`` only to check."""
+    def ok(n) -> bool:
+        for u in n.users:
+            i = u.args[1] if u.target is operator.getitem else None
+            if i not in results and not (i == info and all(map(_is_check, u.users))):
+                return False
+        return True
+    return ok
+
+
+def _is_check(n) -> bool:
+    return (name_of(n.target) == "higher_order::with_effects"
+            and name_of(n.args[1]) == "aten::_linalg_check_errors.default")
+
+
+@rule("higher_order::with_effects", supports=_is_check)
+def _with_effects(node, token, op, *args, **kwargs):
+    return token, None  # torch's check of an error flag: see _checked
+
+
+def _hermitian(a, lower: bool):
+    """The Hermitian matrix torch's ``eigh`` and ``cholesky`` read from one triangle of
+    ``a``, differentiated as ``a``'s Hermitian part, as torch's rules are."""
+    ah = jnp.swapaxes(a, -1, -2).conj()
+    tri = jnp.tril(a, -1) + jnp.triu(ah, 1) if lower else jnp.triu(a, 1) + jnp.tril(ah, -1)
+    full = tri + jnp.real(jnp.diagonal(a, axis1=-2, axis2=-1))[..., None] * jnp.eye(
+        a.shape[-1], dtype=a.dtype)
+    sym = (a + ah) / 2
+    return sym + lax.stop_gradient(full - sym)
+
+
+def _batched(a, b):
+    """Matrices ``a`` and ``b`` with their batch dims broadcast, as torch's solvers take them."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-2:])
+
+
+@rule("linalg_inv_ex.default", supports=_checked(0, info=1))
+def _inv(node, a, check_errors=False):
+    return jnp.linalg.inv(a), None
+
+
+@rule("_linalg_solve_ex.default", supports=_checked(0, info=3))
+def _solve(node, a, b, left=True, check_errors=False):
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])  # torch's
+    if vector:
+        b = b[..., None]
+    if not left:  # x a = b: aᵀ xᵀ = bᵀ
+        a, b = jnp.swapaxes(a, -1, -2), jnp.swapaxes(b, -1, -2)
+    x = jnp.linalg.solve(*_batched(a, b))
+    x = x[..., 0] if vector else x if left else jnp.swapaxes(x, -1, -2)
+    return x, None, None, None
+
+
+@rule("linalg_cholesky_ex.default", supports=_checked(0, info=1))
+def _cholesky(node, a, upper=False, check_errors=False):
+    low = lax.linalg.cholesky(_hermitian(a, lower=not upper), symmetrize_input=False)
+    return (jnp.swapaxes(low, -1, -2).conj() if upper else low), None
+
+
+@rule("linalg_solve_triangular.default")
+def _solve_triangular(node, a, b, *, upper, left=True, unitriangular=False):
+    return lax.linalg.triangular_solve(*_batched(a, b), left_side=left, lower=not upper,
+                                       unit_diagonal=unitriangular)
+
+
+@rule("cholesky_solve.default")
+def _cholesky_solve(node, b, factor, upper=False):
+    low = jnp.swapaxes(factor, -1, -2).conj() if upper else factor
+    low, b = _batched(low, b)
+    y = lax.linalg.triangular_solve(low, b, left_side=True, lower=True)
+    return lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
+                                       transpose_a=True, conjugate_a=True)
+
+
+@rule("_linalg_det.default", supports=_only_first_output)
+def _det(node, a):
+    return jnp.linalg.det(a), None, None
+
+
+@rule("_linalg_slogdet.default", supports=lambda n: _reads(n) <= {0, 1})
+def _slogdet(node, a):
+    sign, logabs = jnp.linalg.slogdet(a)
+    return sign, logabs, None, None
+
+
+# the eigenvectors and singular vectors are each fixed only up to a sign (a phase), which
+# LAPACK's and XLA's routines need not choose alike: only the values translate
+@rule("_linalg_eigh.default", supports=_only_first_output)
+def _eigvalsh(node, a, UPLO="L", compute_v=True):  # noqa: N803  (torch's name)
+    return jnp.linalg.eigvalsh(_hermitian(a, lower=UPLO == "L"), symmetrize_input=False), None
+
+
+@rule("_linalg_svd.default", supports=lambda n: _reads(n) <= {1})
+def _svdvals(node, a, full_matrices=False, compute_uv=True, driver=None):
+    return None, jnp.linalg.svd(a, compute_uv=False), None
+
+
+@rule("linalg_qr.default")
+def _qr(node, a, mode="reduced"):
+    q, r = jnp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
+    return (jnp.zeros(node.shapes[0], node.dtypes[0]) if mode == "r" else q), r
+
+
+@rule("linalg_pinv.atol_rtol_tensor", "linalg_pinv.atol_rtol_float",
+      supports=lambda n: n.kwargs.get("atol") is None and not n.kwargs.get("hermitian"))
+def _pinv(node, a, *, atol=None, rtol=None, hermitian=False):
+    if rtol is None:  # torch's default: the machine epsilon times the larger dimension
+        rtol = np.finfo(node.dtype).eps * max(a.shape[-2:])
+    return jnp.linalg.pinv(a, rtol=rtol)
 
 
 @rule("convolution.default",
@@ -945,12 +1201,8 @@ def _pool_args(x, kernel, stride, padding, dilation, ceil_mode, nsp):
             [(0, 0)] * lead + pads, (1,) * lead + tuple(dilation))
 
 
-def _no_indices_used(n) -> bool:
-    return all(u.target is operator.getitem and u.args[1] == 0 for u in n.users)
-
-
 @rule("max_pool2d_with_indices.default", "max_pool3d_with_indices.default",
-      "max_pool1d_with_indices.default", supports=_no_indices_used)
+      "max_pool1d_with_indices.default", supports=_only_first_output)
 def _max_pool(node, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     nsp = int(node.node.target.__name__.split("max_pool")[1][0])
     win, strides, pads, dil = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode,
@@ -987,14 +1239,24 @@ def _avg_pool(node, x, kernel_size, stride=(), padding=(0,), ceil_mode=False,
 @rule("_adaptive_avg_pool2d.default", "_adaptive_avg_pool3d.default",
       "adaptive_avg_pool1d.default")
 def _adaptive_avg_pool(node, x, output_size):
-    d = _acc(node.dtype)
-    x = _cast(x, d)
+    return _adaptive(_cast(x, _acc(node.dtype)), output_size, jnp.mean)
+
+
+@rule("adaptive_max_pool2d.default", "adaptive_max_pool3d.default",
+      supports=_only_first_output)
+def _adaptive_max_pool(node, x, output_size):
+    return _adaptive(x, output_size, jnp.max), None  # the indices: no node reads them
+
+
+def _adaptive(x, output_size, reduce):
+    """Bin ``j`` of ``o`` along an axis of length ``n`` reduces ``[⌊jn/o⌋, ⌈(j+1)n/o⌉)``,
+    one spatial axis at a time."""
     nsp = len(output_size)
     for i, o in enumerate(output_size):
         ax = x.ndim - nsp + i
         n = x.shape[ax]
-        bins = [lax.slice_in_dim(x, (j * n) // o, -((-(j + 1) * n) // o), axis=ax).mean(
-            axis=ax, keepdims=True) for j in range(o)]
+        bins = [reduce(lax.slice_in_dim(x, (j * n) // o, -((-(j + 1) * n) // o), axis=ax),
+                       axis=ax, keepdims=True) for j in range(o)]
         x = jnp.concatenate(bins, axis=ax)
     return x
 
@@ -1231,4 +1493,6 @@ def name_of(target) -> str:
         return f"{ns}::{rest}"
     if target is operator.getitem:
         return "_operator::getitem"
+    if getattr(target, "namespace", None) == "higher_order":  # with_effects, ...
+        return f"higher_order::{target.name()}"
     return getattr(target, "__qualname__", None) or repr(target)

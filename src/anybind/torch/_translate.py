@@ -334,6 +334,8 @@ class Program:
                     self.sources.append(None)
             elif kind in ("CONSTANT_TENSOR",):
                 self.sources.append(("const", ep.constants[spec.target]))
+            elif kind == "TOKEN" and t.mode == "translate":  # orders torch's error checks,
+                self.sources.append(("token", None))          # which "auto" leaves to torch
             elif t.mode == "auto":  # a torch.Generator, a script object: torch runs it
                 return False
             else:
@@ -445,6 +447,8 @@ class Program:
                 values.append(params[what])
             elif kind == "buffer":  # never differentiated, as in mode="call"
                 values.append(jax.lax.stop_gradient(params[what]))
+            elif kind == "token":
+                values.append(jnp.zeros((0,), jnp.float32))
             else:
                 values.append(_constant(what))
         with jax.numpy_rank_promotion("allow"):  # torch broadcasts across ranks
@@ -653,6 +657,8 @@ def _node_op(name: str, node) -> _api.Op | None:
         return None
     if _aten.name_of(node.target).startswith("anybind::"):  # JAX code run by torch
         return None  # (ab.to_torch inside the function): the program runs as one call
+    if _aten.name_of(node.target) in _aten.LAYOUT:  # reads memory by strides, which a
+        return None  # JAX array, handed to torch as a new contiguous tensor, does not keep
     ins = _tensor_inputs(node)
     if not all(isinstance(n.meta.get("val"), torch.Tensor) for n in ins):
         return None
