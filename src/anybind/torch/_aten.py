@@ -147,6 +147,10 @@ for _names, _fn in [
     (("bitwise_xor.Tensor", "bitwise_xor.Scalar", "__xor__.Tensor", "__xor__.Scalar"),
      jnp.bitwise_xor),
     (("pow.Tensor_Tensor", "pow.Tensor_Scalar"), jnp.power),
+    (("fmax.default",), jnp.fmax), (("fmin.default",), jnp.fmin),
+    (("nextafter.default",), jnp.nextafter),
+    (("igamma.default",), jax.scipy.special.gammainc),
+    (("igammac.default",), jax.scipy.special.gammaincc),
 ]:
     rule(*_names)(_binary(_fn))
 
@@ -196,12 +200,21 @@ for _name, _fn in [
     ("trunc", jnp.trunc), ("sign", jnp.sign), ("reciprocal", jnp.reciprocal),
     ("sigmoid", jax.nn.sigmoid), ("relu", jax.nn.relu), ("bitwise_not", jnp.invert),
     ("lgamma", jax.scipy.special.gammaln), ("digamma", jax.scipy.special.digamma),
-    ("sgn", jnp.sign), ("angle", jnp.angle),
+    ("sgn", jnp.sign), ("angle", jnp.angle), ("i0", jax.scipy.special.i0),
+    ("special_i0e", jax.scipy.special.i0e), ("special_i1", jax.scipy.special.i1),
+    ("special_i1e", jax.scipy.special.i1e), ("special_ndtri", jax.scipy.special.ndtri),
 ]:
     rule(f"{_name}.default")(_elementwise(_fn))
+if jax.__version_info__ >= (0, 12):  # 0.11's erfcx gives 0 on a band of large x (jax#38607)
+    rule("special_erfcx.default")(_elementwise(jax.scipy.special.erfcx))
+
+@rule("frexp.Tensor")
+def _frexp(node, x):
+    return jnp.frexp(_cast(x, _acc(node.dtype)))
+
 
 for _name, _fn in [("logical_not", jnp.logical_not), ("isnan", jnp.isnan),
-                   ("isinf", jnp.isinf), ("isfinite", jnp.isfinite)]:
+                   ("isinf", jnp.isinf), ("isfinite", jnp.isfinite), ("signbit", jnp.signbit)]:
     rule(f"{_name}.default")(_elementwise(_fn, compute="promote"))
 
 
@@ -528,6 +541,17 @@ def _slice_scatter(node, x, src, dim=0, start=None, end=None, step=1):
     return x.at[tuple(idx)].set(_cast(src, x.dtype))
 
 
+@rule("diagonal_scatter.default")
+def _diagonal_scatter(node, x, src, offset=0, dim1=0, dim2=1):
+    dim1, dim2 = dim1 % x.ndim, dim2 % x.ndim
+    n = src.shape[-1]
+    rows = np.arange(n) + max(-offset, 0)
+    cols = np.arange(n) + max(offset, 0)
+    moved = jnp.moveaxis(x, (dim1, dim2), (-2, -1))
+    moved = moved.at[..., rows, cols].set(_cast(src, x.dtype))
+    return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
+
+
 @rule("select_scatter.default")
 def _select_scatter(node, x, src, dim, index):
     idx = [slice(None)] * x.ndim
@@ -680,11 +704,53 @@ def _index(node, x, indices):
     return x[tuple(slice(None) if i is None else i for i in indices)]
 
 
-@rule("index_put.default")
+def _put_shapes(n) -> bool:
+    """An ``index_put`` by integer indices, or by one boolean mask where the values do not
+    count its elements (one value for all, or one per trailing element): ``x[m] = 0``."""
+    vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else None for i in n.args[1]]
+    masks = [i for i, v in enumerate(vals) if v is not None and v.dtype == torch.bool]
+    if not masks:
+        return True
+    (p,) = masks if len(masks) == 1 and sum(v is not None for v in vals) == 1 else (None,)
+    if p is None:
+        return False
+    x, values = n.args[0].meta["val"], n.args[2].meta["val"]
+    return values.numel() == 1 or values.ndim <= x.ndim - p - vals[p].ndim
+
+
+@rule("index_put.default", supports=_put_shapes)
 def _index_put(node, x, indices, values, accumulate=False):
-    at = x.at[tuple(slice(None) if i is None else i for i in indices)]
     values = _cast(values, x.dtype)
+    p, m = next((p, m) for p, m in enumerate(indices) if m is not None)
+    if m.dtype == bool:  # the one mask, at dim p: a where over x, the values broadcast
+        m = m.reshape((1,) * p + m.shape + (1,) * (x.ndim - p - m.ndim))
+        v = jnp.broadcast_to(values.reshape(()) if values.size == 1 else values, x.shape)
+        return jnp.where(m, x + v if accumulate else v, x)
+    at = x.at[tuple(slice(None) if i is None else i for i in indices)]
     return at.add(values) if accumulate else at.set(values)
+
+
+@rule("searchsorted.Tensor", "searchsorted.Scalar")
+def _searchsorted(node, sorted_sequence, x, *, out_int32=False, right=False, side=None,
+                  sorter=None):
+    """Along the last dim of ``sorted_sequence``, one row per leading index of ``x``."""
+    side = side or ("right" if right else "left")
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    x = jnp.asarray(x, seq.dtype)
+    if seq.ndim == 1:
+        return jnp.searchsorted(seq, x, side=side)
+    rows = seq.reshape(-1, seq.shape[-1])
+    found = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(
+        rows, x.reshape(rows.shape[0], -1))
+    return found.reshape(x.shape)
+
+
+@rule("bucketize.Tensor", "bucketize.Scalar")
+def _bucketize(node, x, boundaries, *, out_int32=False, right=False):
+    return jnp.searchsorted(boundaries, jnp.asarray(x, boundaries.dtype),
+                            side="right" if right else "left")
 
 
 @rule("index_select.default")
@@ -857,6 +923,12 @@ def _var(node, x, dim=None, *, correction=None, keepdim=False, unbiased=None):
                    ddof=1 if correction is None else correction)
 
 
+@rule("var_mean.correction")
+def _var_mean(node, x, dim=None, *, correction=None, keepdim=False):
+    return (_var(node, x, dim, correction=correction, keepdim=keepdim),
+            _reduction(jnp.mean)(node, x, dim, keepdim))
+
+
 @rule("std.correction")
 def _std(node, x, dim=None, *, correction=None, keepdim=False):
     acc = _acc(node.dtype)
@@ -878,6 +950,23 @@ def _cumprod(node, x, dim, *, dtype=None):
 def _logsumexp(node, x, dim, keepdim=False):
     return jax.nn.logsumexp(_cast(x, _acc(node.dtype)), axis=_dims(dim, x.ndim),
                             keepdims=keepdim)
+
+
+@rule("cummax.default", "cummin.default")
+def _cummax(node, x, dim):
+    """The running maximum (minimum) and the index of the last element equal to it, as
+    torch's kernel keeps it (NaN, once met, is the maximum from there on)."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), node.dtypes[1])
+    dim = dim % x.ndim
+    better = jnp.greater_equal if "cummax" in node.node.target.__name__ else jnp.less_equal
+
+    def pick(a, b):  # b is later: it wins a tie, and a NaN
+        take = jnp.isnan(b[0]) | (~jnp.isnan(a[0]) & better(b[0], a[0]))
+        return jnp.where(take, b[0], a[0]), jnp.where(take, b[1], a[1])
+    idx = lax.broadcasted_iota(node.dtypes[1], x.shape, dim)
+    _, at = lax.associative_scan(pick, (lax.stop_gradient(x), idx), axis=dim)
+    return jnp.take_along_axis(x, at, axis=dim), at
 
 
 @rule("logcumsumexp.default")
@@ -933,6 +1022,29 @@ def _median(x, dim, keepdim, skip_nan):
     if not keepdim:
         val, idx = val.squeeze(dim), idx.squeeze(dim)
     return val, idx
+
+
+@rule("kthvalue.default")
+def _kthvalue(node, x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), node.dtypes[1])
+    dim = dim % x.ndim
+    at = lax.slice_in_dim(jnp.argsort(x, axis=dim, stable=True), k - 1, k, axis=dim)
+    val = jnp.take_along_axis(x, at, axis=dim)
+    return (val, at) if keepdim else (val.squeeze(dim), at.squeeze(dim))
+
+
+@rule("histc.default")
+def _histc(node, x, bins=100, min=0, max=0):  # noqa: A002  (torch's names)
+    """Counts in ``bins`` equal bins of [min, max] (the data's range where both are 0,
+    widened by 1 each way where that is one point); the maximum is in the last bin."""
+    x = _cast(x, _acc(node.dtype)).reshape(-1)
+    lo, hi = (x.min(), x.max()) if min == max else (jnp.asarray(min, x.dtype),
+                                                       jnp.asarray(max, x.dtype))
+    lo, hi = jnp.where(lo == hi, lo - 1, lo), jnp.where(lo == hi, hi + 1, hi)
+    at = jnp.clip(jnp.floor((x - lo) * bins / (hi - lo)).astype(jnp.int32), 0, bins - 1)
+    inside = (x >= lo) & (x <= hi)
+    return jnp.zeros(bins, x.dtype).at[at].add(inside.astype(x.dtype))
 
 
 @rule("median.dim", "nanmedian.dim")
@@ -1001,6 +1113,22 @@ def _addmm(node, bias, a, b, *, beta=1, alpha=1):
     return prod + (_cast(bias, d) if beta == 1 else _cast(bias, d) * beta)
 
 
+@rule("addmv.default", "addbmm.default")
+def _addmv(node, bias, a, b, *, beta=1, alpha=1):
+    d = _acc(node.dtype)
+    if a.ndim == 3:  # addbmm: the products summed over the batch
+        prod = jnp.einsum("bij,bjk->ik", _cast(a, d), _cast(b, d), precision=HIGHEST)
+    else:
+        prod = _mm(_cast(a, d), _cast(b, d))
+    prod = prod if alpha == 1 else prod * alpha
+    return prod if beta == 0 else prod + _cast(bias, d) * beta
+
+
+@rule("dist.default")
+def _dist(node, a, b, p=2):
+    return jnp.linalg.norm((_cast(a, _acc(node.dtype)) - b).reshape(-1), ord=p)
+
+
 @rule("dot.default")
 def _dot(node, a, b):
     return jnp.dot(a, b, precision=HIGHEST)
@@ -1016,7 +1144,7 @@ def _trilinear(node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1
     for x, expand in ((i1, expand1), (i2, expand2), (i3, expand3)):
         axes = [a for a in range(ndim) if a not in expand]
         for a, n in zip(axes, x.shape, strict=True):
-            size[a] = max(size[a], n)
+            size[a] = size[a] if n == 1 else n
         subs.append((x, axes))
     d = _acc(node.dtype)
     ops = []
@@ -1104,6 +1232,19 @@ def _cholesky_solve(node, b, factor, upper=False):
     y = lax.linalg.triangular_solve(low, b, left_side=True, lower=True)
     return lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
                                        transpose_a=True, conjugate_a=True)
+
+
+@rule("cholesky_inverse.default")
+def _cholesky_inverse(node, factor, upper=False):
+    low = jnp.swapaxes(factor, -1, -2).conj() if upper else factor
+    eye = jnp.broadcast_to(jnp.eye(low.shape[-1], dtype=low.dtype), low.shape)
+    inv = lax.linalg.triangular_solve(low, eye, left_side=True, lower=True)  # L⁻¹
+    return _mm(jnp.swapaxes(inv, -1, -2).conj(), inv)  # (L Lᴴ)⁻¹ = L⁻ᴴ L⁻¹
+
+
+@rule("linalg_matrix_exp.default")
+def _matrix_exp(node, a):
+    return jax.scipy.linalg.expm(a)
 
 
 @rule("_linalg_det.default", supports=_only_first_output)

@@ -395,6 +395,15 @@ class Program:
                     f"cannot have; mode='auto' runs such a program as one torch call")
             self.whole_call = True
             return
+        foreign = {f"{n.name} ({d})" for n in self.graph.nodes for d in _foreign_dtypes(n)}
+        if foreign:  # complex32, quantized, ...: no JAX array holds them
+            if t.mode == "translate":
+                raise Untranslatable(
+                    f"anybind op '{t.name}': mode='translate' found node(s) "
+                    f"{sorted(foreign)[:4]} of a dtype JAX has no arrays of; mode='auto' "
+                    f"runs such a program as one torch call")
+            self.whole_call = True
+            return
         ends = [n for n in self.graph.nodes if n.op == "placeholder"] + [
             a for n in self.graph.nodes if n.op == "output" for a in _tensor_inputs(n)]
         if t.mode == "auto" and any(_complex(n) for n in ends):
@@ -477,6 +486,12 @@ def _complex(node) -> bool:
     val = node.meta.get("val")
     return any(isinstance(v, torch.Tensor) and v.is_complex()
                for v in (val if isinstance(val, list | tuple) else (val,)))
+
+
+def _foreign_dtypes(node) -> list:
+    val = node.meta.get("val")
+    return [v.dtype for v in (val if isinstance(val, list | tuple) else (val,))
+            if isinstance(v, torch.Tensor) and v.dtype not in _TORCH_TO_NP]
 
 
 def _static_shapes(node) -> bool:
