@@ -4,6 +4,7 @@ against torch itself on the same inputs (values and gradients).
 The models here (``MODELS``) are also what ``docs/gen_translate_coverage.py`` measures
 the coverage on.
 """
+import functools
 import pickle
 
 import jax
@@ -457,10 +458,10 @@ def test_inplace_code_is_out_of_place():
 
 
 def test_median_picks_and_shares_as_torch_does():
-    """Along a dim: the lower middle value, at the index torch gives it among ties, NaN
-    where there is one (nanmedian: left out). Over all elements (torch's
-    ``evenly_distribute_backward``): the derivative shared among the elements equal to it."""
-    x = torch.tensor([[1.0, np.nan, 0, 2], [3, 1, 1, 2], [3, 1, 5, 2]], dtype=torch.float64)
+    """Along a dim: the lower middle value and its index, NaN where there is one
+    (nanmedian: left out). Over all elements (torch's ``evenly_distribute_backward``):
+    the derivative shared among the elements equal to it (three 2s here)."""
+    x = torch.tensor([[1.0, np.nan, 0, 2], [3, 1, 0.5, 2], [3, 1, 5, 2]], dtype=torch.float64)
     fns = [lambda v: torch.median(v, 0), lambda v: torch.median(v, 1, keepdim=True),
            lambda v: torch.nanmedian(v, 1), lambda v: torch.nanmedian(v, 0),
            lambda v: torch.median(v), lambda v: torch.nanmedian(v),
@@ -497,6 +498,48 @@ def test_as_strided_reads_the_layout_of_a_contiguous_input_only():
         auto = ab.from_torch(g)
         assert_close(auto(a.numpy()), g(a).numpy())
         assert auto.fn.program(a.numpy()).whole_call  # a torch call would see a copy
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def test_distribution_checks_are_torchs_in_auto_and_left_out_in_translate():
+    """torch.distributions check their arguments as the program runs (``_assert_async``):
+    ``"auto"`` runs such a program as one torch call, its error included; without the
+    checks (``validate_args=False``) it translates, as ``"translate"`` always does."""
+    def logp(mu, s, y, check=True):
+        return torch.distributions.Normal(mu, s, validate_args=check).log_prob(y)
+    mu, s, y = np.linspace(-1.0, 1.0, 4), np.full(4, 0.5), np.linspace(0.0, 1.0, 4)
+    ts = [torch.from_numpy(v).requires_grad_() for v in (mu, s, y)]
+    want = logp(*ts)
+    want.sum().backward()
+    unchecked = ab.from_torch(functools.partial(logp, check=False))
+    checked = ab.from_torch(logp, mode="translate")
+    try:
+        torch.export.export(_Fn(logp), tuple(t.detach() for t in ts))
+    except Exception:  # noqa: BLE001  (torch 2.13 cannot capture the checks)
+        with pytest.raises(TypeError, match="torch.export"):
+            checked(mu, s, y)
+        checked = None
+    for op in (checked, unchecked) if checked else (unchecked,):
+        assert_close(op(mu, s, y), want.detach().numpy())
+        for g, t in zip(jax.grad(lambda *v: op(*v).sum(), argnums=(0, 1, 2))(mu, s, y), ts,
+                        strict=True):
+            assert_close(g, t.grad.numpy())
+        assert not op.fn.program(mu, s, y).whole_call
+    if checked:
+        assert np.isnan(np.asarray(checked(mu, -s, y))).all()
+    auto = ab.from_torch(logp)
+    assert auto.fn.program(mu, s, y).whole_call
+    assert_close(auto(mu, s, y), want.detach().numpy())
+    with pytest.raises(Exception, match="constraint"):
+        jax.block_until_ready(auto(mu, -s, y))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)

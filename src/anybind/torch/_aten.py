@@ -1006,9 +1006,10 @@ def _topk(node, x, k, dim=-1, largest=True, sorted=True):  # noqa: A002  (torch'
 
 
 def _median(x, dim, keepdim, skip_nan):
-    """torch's median along ``dim``: the lower of the two middle values, at the index
-    a stable sort puts there; a NaN makes the median NaN (its first index), or is left
-    out (``skip_nan``: nanmedian, NaN only where all are)."""
+    """torch's median along ``dim``: the lower of the two middle values; a NaN makes the
+    median NaN (its first index), or is left out (``skip_nan``: nanmedian, NaN only where
+    all are). Among equal values, the index is the one a stable sort puts in the middle,
+    which need not be the one torch's selection finds (so the derivative's place)."""
     order = jnp.argsort(x, axis=dim, stable=True)  # NaNs sort last
     nan = jnp.isnan(x)
     count = x.shape[dim] - (nan.sum(axis=dim, keepdims=True) if skip_nan else 0)
@@ -1156,8 +1157,7 @@ def _trilinear(node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1
 
 
 # torch's matrix functions that can fail (singular, not positive definite) return an error
-# flag that a checking node (``_linalg_check_errors``, an effect) raises on; the translation
-# computes what ``jnp.linalg`` computes there (inf or NaN) and checks nothing
+# flag that a checking node (``_linalg_check_errors``, an effect) raises on: see CHECKS
 def _checked(*results, info):
     """supports: the graph reads only the outputs ``results``, and ``info`` only to check."""
     def ok(n) -> bool:
@@ -1176,7 +1176,25 @@ def _is_check(n) -> bool:
 
 @rule("higher_order::with_effects", supports=_is_check)
 def _with_effects(node, token, op, *args, **kwargs):
-    return token, None  # torch's check of an error flag: see _checked
+    return token, None  # torch's check of an error flag: see _checked and CHECKS
+
+
+@rule("_assert_async.msg", "_assert_async.default")
+def _assert_async(node, cond, msg=None):
+    return None  # torch.distributions' checks of their arguments, torch._assert: CHECKS
+
+
+@rule("_is_all_true.default")
+def _is_all_true(node, x):
+    return jnp.all(x)
+
+
+# Checks torch makes while the program runs, raising where they fail; XLA cannot raise.
+# "translate" leaves them out (a failed solve gives inf or NaN, as jnp.linalg does;
+# an invalid distribution parameter, what its formula gives); "auto", which gives
+# "call"'s behaviour, runs a program that has one as one torch call.
+CHECKS = ("higher_order::with_effects", "aten::_assert_async.msg",
+          "aten::_assert_async.default")
 
 
 def _hermitian(a, lower: bool):

@@ -334,8 +334,8 @@ class Program:
                     self.sources.append(None)
             elif kind in ("CONSTANT_TENSOR",):
                 self.sources.append(("const", ep.constants[spec.target]))
-            elif kind == "TOKEN" and t.mode == "translate":  # orders torch's error checks,
-                self.sources.append(("token", None))          # which "auto" leaves to torch
+            elif kind == "TOKEN":  # orders torch's checks of error flags (_aten.CHECKS)
+                self.sources.append(("token", None))
             elif t.mode == "auto":  # a torch.Generator, a script object: torch runs it
                 return False
             else:
@@ -414,7 +414,8 @@ class Program:
                 continue
             name = _aten.name_of(node.target)
             ok = node.op == "call_function" and name in _aten.RULES and (
-                name not in _aten.SUPPORTS or _aten.SUPPORTS[name](node))
+                name not in _aten.SUPPORTS or _aten.SUPPORTS[name](node)) and (
+                name not in _aten.CHECKS or t.mode == "translate")
             if ok and _aten.draws(node) and not self.keyed:
                 random.setdefault(name, []).append(node.name)
                 ok = False
