@@ -791,6 +791,9 @@ OPS = {
     # the index torch's kernels keep among ties is the last one (cummax, cummin)
     "erfcx_log_ndtr": (lambda a: torch.special.erfcx(a) + torch.special.log_ndtr(a),
                        _shapes((3, 5))),
+    # x[mask] = v: one value for every element, one per trailing element (added)
+    "mask_put": (lambda a, b: a.index_put((a > 0,), b[0, 0] * 2)
+                 + a.index_put((a[:, 0] > 0,), b[0], accumulate=True), _shapes((3, 4), (3, 4))),
     "running_and_order": (lambda a, b: torch.cummax(a, 1)[0] + torch.cummin(a, 0)[0]
                           + torch.kthvalue(a, 2, 1, keepdim=True)[0]
                           + torch.var_mean(a, 1, keepdim=True)[0] * torch.var_mean(a, 0)[1]

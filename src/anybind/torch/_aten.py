@@ -708,14 +708,13 @@ def _put_shapes(n) -> bool:
     """An ``index_put`` by integer indices, or by one boolean mask where the values do not
     count its elements (one value for all, or one per trailing element): ``x[m] = 0``."""
     vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else None for i in n.args[1]]
-    masks = [i for i, v in enumerate(vals) if v is not None and v.dtype == torch.bool]
-    if not masks:
+    given = [p for p, v in enumerate(vals) if v is not None]
+    if all(vals[p].dtype != torch.bool for p in given):
         return True
-    (p,) = masks if len(masks) == 1 and sum(v is not None for v in vals) == 1 else (None,)
-    if p is None:
+    if len(given) != 1:
         return False
-    x, values = n.args[0].meta["val"], n.args[2].meta["val"]
-    return values.numel() == 1 or values.ndim <= x.ndim - p - vals[p].ndim
+    x, values, mask = n.args[0].meta["val"], n.args[2].meta["val"], vals[given[0]]
+    return values.numel() == 1 or values.ndim <= x.ndim - given[0] - mask.ndim
 
 
 @rule("index_put.default", supports=_put_shapes)
@@ -1104,7 +1103,7 @@ def _mm_rule(node, a, b):
     return jnp.broadcast_to(_mm(_cast(a, d), _cast(b, d)), node.shape)
 
 
-@rule("addmm.default", "baddbmm.default")
+@rule("addmm.default", "baddbmm.default", "addmv.default")
 def _addmm(node, bias, a, b, *, beta=1, alpha=1):
     d = _acc(node.dtype)
     prod = _mm(_cast(a, d), _cast(b, d))
@@ -1114,14 +1113,10 @@ def _addmm(node, bias, a, b, *, beta=1, alpha=1):
     return prod + (_cast(bias, d) if beta == 1 else _cast(bias, d) * beta)
 
 
-@rule("addmv.default", "addbmm.default")
-def _addmv(node, bias, a, b, *, beta=1, alpha=1):
+@rule("addbmm.default")
+def _addbmm(node, bias, a, b, *, beta=1, alpha=1):  # the products summed over the batch
     d = _acc(node.dtype)
-    if a.ndim == 3:  # addbmm: the products summed over the batch
-        prod = jnp.einsum("bij,bjk->ik", _cast(a, d), _cast(b, d), precision=HIGHEST)
-    else:
-        prod = _mm(_cast(a, d), _cast(b, d))
-    prod = prod if alpha == 1 else prod * alpha
+    prod = jnp.einsum("bij,bjk->ik", _cast(a, d), _cast(b, d), precision=HIGHEST) * alpha
     return prod if beta == 0 else prod + _cast(bias, d) * beta
 
 

@@ -483,22 +483,24 @@ class Program:
         return out
 
 
-def _complex(node) -> bool:
+def _vals(node) -> tuple:
+    """What torch recorded of a node's output(s), as a tuple."""
     val = node.meta.get("val")
-    return any(isinstance(v, torch.Tensor) and v.is_complex()
-               for v in (val if isinstance(val, list | tuple) else (val,)))
+    return tuple(val) if isinstance(val, list | tuple) else (val,)
+
+
+def _complex(node) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in _vals(node))
 
 
 def _foreign_dtypes(node) -> list:
-    val = node.meta.get("val")
-    return [v.dtype for v in (val if isinstance(val, list | tuple) else (val,))
+    return [v.dtype for v in _vals(node)
             if isinstance(v, torch.Tensor) and v.dtype not in _TORCH_TO_NP]
 
 
 def _static_shapes(node) -> bool:
     """Whether every tensor the node gives has a shape known before the data is."""
-    val = node.meta.get("val")
-    for v in val if isinstance(val, list | tuple) else (val,):
+    for v in _vals(node):
         if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
             return False
         if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
@@ -571,8 +573,7 @@ class Node:
 
     def __init__(self, node, index: int, key):
         self.node, self.index, self._key = node, index, key
-        val = node.meta.get("val")
-        vals = val if isinstance(val, list | tuple) else (val,)
+        val, vals = node.meta.get("val"), _vals(node)
         self.dtypes = tuple(_np(v.dtype) if isinstance(v, torch.Tensor) else None
                             for v in vals)
         self.shapes = tuple(tuple(int(s) for s in v.shape) if isinstance(v, torch.Tensor)
@@ -667,8 +668,7 @@ def _tensor_inputs(node) -> list:
 def _node_op(name: str, node) -> _api.Op | None:
     """``node`` as a ``mode="call"`` op of its tensor inputs, or None where it is not a
     function of tensors to tensors."""
-    val = node.meta.get("val")
-    vals = val if isinstance(val, list | tuple) else (val,)
+    val, vals = node.meta.get("val"), _vals(node)
     if node.op != "call_function" or not all(isinstance(v, torch.Tensor) for v in vals):
         return None
     if _aten.name_of(node.target).startswith("anybind::"):  # JAX code run by torch
