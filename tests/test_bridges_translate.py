@@ -576,6 +576,35 @@ def test_erfcx_agrees_with_torch_on_large_arguments():
                      torch.special.erfcx(torch.from_numpy(x)).numpy(), rtol=1e-6, atol=0)
 
 
+def test_a_magnitude_spectrum_translates_in_the_default_mode():
+    """Real in, real out, complex inside: ``"auto"`` translates it whole, and the
+    magnitude of a complex tensor keeps its imaginary part."""
+    x = np.random.default_rng(0).standard_normal(16)
+    f = lambda v: torch.fft.rfft(v).abs() + torch.fft.fft(v).angle()[:9]  # noqa: E731
+    op = ab.from_torch(f)
+    assert_close(op(x), f(torch.from_numpy(x)).numpy())
+    prog = op.fn.program(x)
+    assert not prog.whole_call and not prog.fallback
+
+
+def test_a_decomposition_that_changes_an_output_is_not_used():
+    """Every output keeps the shape and dtype of the captured op's: torch 2.15's core
+    decomposition of ``_scaled_dot_product_flash_attention_for_cpu`` gives the attention
+    weights where the op gives their log-sum-exp."""
+    q = np.random.default_rng(0).standard_normal((2, 2, 3, 4))
+    f = lambda q: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q)  # noqa: E731
+    want = f(torch.from_numpy(q))
+    try:
+        got = ab.from_torch(f, mode="translate")(q)
+    except TypeError as e:
+        assert "change its outputs' shapes or dtypes" in str(e)
+    else:  # a torch whose decomposition keeps them
+        for g, w in zip(got, want, strict=True):
+            assert_close(g, w.numpy())
+    for g, w in zip(ab.from_torch(f)(q), want, strict=True):
+        assert_close(g, w.numpy())
+
+
 def test_a_dtype_jax_has_no_arrays_of_runs_as_one_torch_call():
     f = lambda v: v.to(torch.float8_e4m3fn).to(v.dtype)  # noqa: E731  (a float8 inside)
     x = np.linspace(0.0, 1.0, 5)

@@ -1152,7 +1152,7 @@ def _trilinear(node, i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1
 
 
 # torch's matrix functions that can fail (singular, not positive definite) return an error
-# flag that a checking node (``_linalg_check_errors``, an effect) raises on: see CHECKS
+# flag that a checking node (``aten::_linalg_check_errors``, an effect) raises on: see CHECKS
 def _checked(*results, info):
     """supports: the graph reads only the outputs ``results``, and ``info`` only to check."""
     def ok(n) -> bool:

@@ -278,8 +278,8 @@ class Program:
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
                 warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
-                ep = _without_unruled(_torch.to_core_aten(
-                    torch.export.export(module, ex[0], kwargs), keep=_aten.KEPT))
+                captured = torch.export.export(module, ex[0], kwargs)
+                ep = _without_unruled(_torch.to_core_aten(captured, keep=_aten.KEPT))
                 for k, v in module.state_dict().items():  # capture changes nothing
                     if not torch.equal(v, kept[k]):
                         v.copy_(kept[k])
@@ -291,6 +291,14 @@ class Program:
                 f"anybind op '{t.name}': mode='translate' captures the program with "
                 f"torch.export, which failed ({type(e).__name__}: {_first_line(e)}). "
                 f"mode='auto' runs such a program as one torch call (as mode='call')") from e
+        if _outputs(ep) != _outputs(captured):  # a decomposition of torch's that is wrong
+            if t.mode == "auto":
+                self.whole_call = True
+                return
+            raise Untranslatable(
+                f"anybind op '{t.name}': torch's decompositions of the captured program "
+                f"change its outputs' shapes or dtypes ({_outputs(captured)} become "
+                f"{_outputs(ep)}). mode='auto' runs such a program as one torch call")
         self.ep, self.graph = ep, ep.graph_module.graph
         flat_ex, _ = _torch.tree_flatten((ex[0], kwargs))
         self.user = [where.get(id(e)) for e in flat_ex if isinstance(e, torch.Tensor)]
@@ -487,6 +495,16 @@ def _vals(node) -> tuple:
     """What torch recorded of a node's output(s), as a tuple."""
     val = node.meta.get("val")
     return tuple(val) if isinstance(val, list | tuple) else (val,)
+
+
+def _outputs(ep) -> list:
+    """The shapes and dtypes of an exported program's user outputs, as torch recorded
+    them (not its buffers' updates or tokens, which decomposing may add)."""
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in out.args[0]]
+    return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None
+            for v, spec in zip(vals, ep.graph_signature.output_specs, strict=True)
+            if spec.kind.name == "USER_OUTPUT"]
 
 
 def _complex(node) -> bool:
