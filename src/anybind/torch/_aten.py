@@ -1283,7 +1283,7 @@ def _svdvals(node, a, full_matrices=False, compute_uv=True, driver=None):
     return None, jnp.linalg.svd(a, compute_uv=False), None
 
 
-@rule("linalg_qr.default")
+@rule("linalg_qr.default")  # Householder QR with LAPACK's signs, in torch and XLA alike
 def _qr(node, a, mode="reduced"):
     q, r = jnp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
     return (jnp.zeros(node.shapes[0], node.dtypes[0]) if mode == "r" else q), r
