@@ -1192,10 +1192,15 @@ CHECKS = ("higher_order::with_effects", "aten::_assert_async.msg",
           "aten::_assert_async.default")
 
 
+def _ct(a):
+    """The conjugate transpose of (a batch of) matrices."""
+    return jnp.swapaxes(a, -1, -2).conj()
+
+
 def _hermitian(a, lower: bool):
     """The Hermitian matrix torch's ``eigh`` and ``cholesky`` read from one triangle of
     ``a``, differentiated as ``a``'s Hermitian part, as torch's rules are."""
-    ah = jnp.swapaxes(a, -1, -2).conj()
+    ah = _ct(a)
     tri = jnp.tril(a, -1) + jnp.triu(ah, 1) if lower else jnp.triu(a, 1) + jnp.tril(ah, -1)
     full = tri + jnp.real(jnp.diagonal(a, axis1=-2, axis2=-1))[..., None] * jnp.eye(
         a.shape[-1], dtype=a.dtype)
@@ -1229,7 +1234,7 @@ def _solve(node, a, b, left=True, check_errors=False):
 @rule("linalg_cholesky_ex.default", supports=_checked(0, info=1))
 def _cholesky(node, a, upper=False, check_errors=False):
     low = lax.linalg.cholesky(_hermitian(a, lower=not upper), symmetrize_input=False)
-    return (jnp.swapaxes(low, -1, -2).conj() if upper else low), None
+    return (_ct(low) if upper else low), None
 
 
 @rule("linalg_solve_triangular.default")
@@ -1240,8 +1245,7 @@ def _solve_triangular(node, a, b, *, upper, left=True, unitriangular=False):
 
 @rule("cholesky_solve.default")
 def _cholesky_solve(node, b, factor, upper=False):
-    low = jnp.swapaxes(factor, -1, -2).conj() if upper else factor
-    low, b = _batched(low, b)
+    low, b = _batched(_ct(factor) if upper else factor, b)
     y = lax.linalg.triangular_solve(low, b, left_side=True, lower=True)
     return lax.linalg.triangular_solve(low, y, left_side=True, lower=True,
                                        transpose_a=True, conjugate_a=True)
@@ -1249,10 +1253,10 @@ def _cholesky_solve(node, b, factor, upper=False):
 
 @rule("cholesky_inverse.default")
 def _cholesky_inverse(node, factor, upper=False):
-    low = jnp.swapaxes(factor, -1, -2).conj() if upper else factor
+    low = _ct(factor) if upper else factor
     eye = jnp.broadcast_to(jnp.eye(low.shape[-1], dtype=low.dtype), low.shape)
     inv = lax.linalg.triangular_solve(low, eye, left_side=True, lower=True)  # L⁻¹
-    return _mm(jnp.swapaxes(inv, -1, -2).conj(), inv)  # (L Lᴴ)⁻¹ = L⁻ᴴ L⁻¹
+    return _mm(_ct(inv), inv)  # (L Lᴴ)⁻¹ = L⁻ᴴ L⁻¹
 
 
 @rule("linalg_matrix_exp.default")

@@ -292,13 +292,10 @@ class Program:
                 f"torch.export, which failed ({type(e).__name__}: {_first_line(e)}). "
                 f"mode='auto' runs such a program as one torch call (as mode='call')") from e
         if _outputs(ep) != _outputs(captured):  # a decomposition of torch's that is wrong
-            if t.mode == "auto":
-                self.whole_call = True
-                return
-            raise Untranslatable(
-                f"anybind op '{t.name}': torch's decompositions of the captured program "
-                f"change its outputs' shapes or dtypes ({_outputs(captured)} become "
-                f"{_outputs(ep)}). mode='auto' runs such a program as one torch call")
+            self._cannot_translate(
+                f"torch's decompositions of the captured program change its outputs' "
+                f"shapes or dtypes ({_outputs(captured)} become {_outputs(ep)})")
+            return
         self.ep, self.graph = ep, ep.graph_module.graph
         flat_ex, _ = _torch.tree_flatten((ex[0], kwargs))
         self.user = [where.get(id(e)) for e in flat_ex if isinstance(e, torch.Tensor)]
@@ -317,6 +314,14 @@ class Program:
             th.join()
             if failed:
                 raise failed[0]
+
+    def _cannot_translate(self, why: str) -> None:
+        """A program that cannot be translated as it is: an error saying ``why``
+        (``mode="translate"``), or the whole program as one torch call (``"auto"``)."""
+        if self.t.mode == "translate":
+            raise Untranslatable(f"anybind op '{self.t.name}': {why}; mode='auto' runs "
+                                 f"such a program as one torch call")
+        self.whole_call = True
 
     # where each placeholder comes from
     def _inputs(self, ep, params) -> bool:
@@ -396,21 +401,14 @@ class Program:
         random: dict[str, list[str]] = {}
         dynamic = [n.name for n in self.graph.nodes if not _static_shapes(n)]
         if dynamic:  # a shape that depends on the data (nonzero, .item() as a size)
-            if t.mode == "translate":
-                raise Untranslatable(
-                    f"anybind op '{t.name}': mode='translate' found node(s) {dynamic[:4]} "
-                    f"whose shape depends on the values of the data, which a JAX program "
-                    f"cannot have; mode='auto' runs such a program as one torch call")
-            self.whole_call = True
+            self._cannot_translate(
+                f"mode='translate' found node(s) {dynamic[:4]} whose shape depends on the "
+                f"values of the data, which a JAX program cannot have")
             return
         foreign = {f"{n.name} ({d})" for n in self.graph.nodes for d in _foreign_dtypes(n)}
         if foreign:  # complex32, quantized, ...: no JAX array holds them
-            if t.mode == "translate":
-                raise Untranslatable(
-                    f"anybind op '{t.name}': mode='translate' found node(s) "
-                    f"{sorted(foreign)[:4]} of a dtype JAX has no arrays of; mode='auto' "
-                    f"runs such a program as one torch call")
-            self.whole_call = True
+            self._cannot_translate(f"mode='translate' found node(s) {sorted(foreign)[:4]} "
+                                   f"of a dtype JAX has no arrays of")
             return
         ends = [n for n in self.graph.nodes if n.op == "placeholder"] + [
             a for n in self.graph.nodes if n.op == "output" for a in _tensor_inputs(n)]
