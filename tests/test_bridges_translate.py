@@ -6,6 +6,7 @@ the coverage on.
 """
 import functools
 import pickle
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -291,6 +292,58 @@ def test_auto_runs_random_ops_without_a_key_by_torch():
     assert_close(got[kept], 6.0 * np.asarray(x)[kept])
 
 
+def _samplers(x):
+    """torch's samplers, as torch.distributions and in-place fills call them: each row of
+    the result is one sampler's draws, each with known moments (``_MOMENTS``)."""
+    dist = torch.distributions
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=x.dtype)
+    n = x.shape[0]
+    return torch.stack([
+        torch.empty_like(x).uniform_(-1.0, 3.0), torch.empty_like(x).normal_(2.0, 3.0),
+        torch.empty_like(x).exponential_(2.0), torch.empty_like(x).log_normal_(0.1, 0.5),
+        torch.empty_like(x).geometric_(0.3), torch.normal(x + 1.0, x + 2.0),
+        torch.normal(1.0, 2.0, (n,), dtype=x.dtype),
+        dist.Gamma(x + 2.5, x + 2.0, validate_args=False).rsample(),
+        dist.Poisson(x + 3.5, validate_args=False).sample(),
+        dist.Binomial(10, x + 0.3, validate_args=False).sample(),
+        dist.Categorical(probs=p, validate_args=False).sample((n,)).to(x.dtype),
+        torch.randint_like(x, 3, 7),
+        dist.Dirichlet(torch.tensor([1.0, 2.0, 3.0], dtype=x.dtype),
+                       validate_args=False).rsample((n,))[:, 0],
+        torch.multinomial(p.expand(n, 4), 2)[:, 1].to(x.dtype),  # the second pick
+    ])
+
+
+# each row's mean and variance; the second pick of a weighted draw without replacement
+# is category i with probability Σ_{j≠i} p_j p_i / (1 - p_j)
+_P, _SECOND = (0.1, 0.2, 0.3, 0.4), [
+    sum(pj * pi / (1 - pj) for j, pj in enumerate((0.1, 0.2, 0.3, 0.4)) if j != i)
+    for i, pi in enumerate((0.1, 0.2, 0.3, 0.4))]
+_MOMENTS = [(1.0, 4 ** 2 / 12), (2.0, 9.0), (0.5, 0.25),
+            (np.exp(0.225), (np.exp(0.25) - 1) * np.exp(0.45)), (1 / 0.3, 0.7 / 0.09),
+            (1.0, 4.0), (1.0, 4.0), (1.25, 2.5 / 4), (3.5, 3.5), (3.0, 2.1),
+            (2.0, 1.0), (4.5, 15 / 12), (1 / 6, 5 / 252),
+            (np.dot(range(4), _SECOND), np.dot(np.arange(4) ** 2, _SECOND)
+             - np.dot(range(4), _SECOND) ** 2)]
+
+
+def test_torch_samplers_draw_from_the_key():
+    """Each sampler translates to JAX's draw of the same distribution: the moments of 20,000
+    draws within six standard errors, the same draws for the same key; torch.normal has
+    no derivative (as torch's), a Gamma draw the reparameterized one: ∂E[x]/∂α = 1/β."""
+    x = jnp.zeros(20_000)
+    op = ab.from_torch(_samplers, mode="translate")
+    draws = np.asarray(op(x, key=jax.random.key(0)))
+    assert_close(np.asarray(op(x, key=jax.random.key(0))), draws, rtol=0, atol=0)
+    for row, (mean, var) in zip(draws, _MOMENTS, strict=True):
+        assert abs(row.mean() - mean) < 6 * np.sqrt(var / row.size), (row.mean(), mean)
+        assert abs(row.var() / var - 1) < 0.1, (row.var(), var)
+    assert len(np.unique(draws[5])) == x.size  # not one draw broadcast
+    assert not np.asarray(jax.grad(lambda v: op(v, key=jax.random.key(1))[5].sum())(x)).any()
+    grad = jax.grad(lambda v: op(v, key=jax.random.key(1))[7].mean())(x) * x.size
+    assert abs(float(grad.mean()) - (1 / 2.0 - 2.5 / 4.0)) < 0.02  # ∂(α/β) through α, β
+
+
 # ------------------------------------------------- translate's errors, auto's calls
 
 def _partly(x):  # two ops with no translation, differentiable both ways by torch
@@ -556,7 +609,10 @@ def test_counting_and_bit_level_ops_agree_with_torch_exactly(dtype):
            lambda a, s: torch.bucketize(a, s[1]), lambda a, s: torch.bucketize(a, s[1], right=True),
            lambda a, s: torch.histc(a, 7), lambda a, s: torch.histc(a, 4, -0.5, 0.5),
            lambda a, s: torch.frexp(a * 1e3), lambda a, s: torch.signbit(a),
-           lambda a, s: torch.nextafter(a, s[:, :1])]
+           lambda a, s: torch.nextafter(a, s[:, :1]),
+           lambda a, s: torch.nonzero_static(a > 0, size=8),
+           lambda a, s: torch.nonzero_static(a > 5, size=2, fill_value=7),
+           lambda a, s: torch.combinations(a[0], 2)]
     for fn in fns:
         got = ab.from_torch(fn, mode="translate")(a.numpy(), s.numpy())
         want = fn(a, s)
@@ -697,6 +753,12 @@ def _eye(a):
     return torch.eye(a.shape[-1], dtype=a.dtype)
 
 
+def _index_reduce(a, dim, index, src, reduce, **kw):
+    with warnings.catch_warnings():  # torch's notice, once a process: "... is in beta"
+        warnings.filterwarnings("ignore", r"index_reduce\(\) is in beta", UserWarning)
+        return a.index_reduce(dim, torch.tensor(index), src, reduce, **kw)
+
+
 # name -> (function of tensors, input shapes, float inputs differentiable)
 OPS = {
     "add_alpha": (lambda a, b: torch.add(a, b, alpha=0.5), _shapes((3, 1, 5), (4, 1))),
@@ -727,6 +789,11 @@ OPS = {
     "conv_transpose2d": (lambda a, w: F.conv_transpose2d(a, w, stride=2, padding=1,
                                                          output_padding=1),
                          _shapes((1, 3, 5, 4), (3, 2, 3, 3))),
+    "conv_transpose_groups": (lambda a, w, b: torch.cat([
+        F.conv_transpose2d(a, w, stride=(2, 1), groups=2, dilation=(1, 2)).flatten(),
+        F.conv_transpose1d(a[0], w[:, :, 0], stride=2, groups=4, output_padding=1).flatten(),
+        F.conv_transpose3d(a[:, :, None], b, groups=2, padding=(0, 1, 1)).flatten()]),
+        _shapes((2, 4, 4, 3), (4, 3, 2, 2), (4, 1, 1, 3, 3))),
     "max_pool_ceil": (lambda a: F.max_pool2d(a, 3, 2, padding=1, ceil_mode=True),
                       _shapes((1, 2, 7, 8))),
     "avg_pool": (lambda a: F.avg_pool2d(a, 3, 2, padding=1) + 0
@@ -771,6 +838,15 @@ OPS = {
                                     align_corners=True)
                     + F.grid_sample(a, g, mode="bicubic", padding_mode="border",
                                     align_corners=False), _shapes((1, 2, 5, 6), (1, 3, 4, 2))),
+    # a rule of its own, torch's 2-d decomposition in three dims; an affine grid
+    "grid_sample_3d": (lambda a, g, t: F.grid_sample(a, g, align_corners=True)
+                       + F.grid_sample(a, g, mode="nearest", padding_mode="border",
+                                       align_corners=False)
+                       + F.grid_sample(a, g, padding_mode="reflection",
+                                       align_corners=False).flip(2)
+                       + F.grid_sample(a, F.affine_grid(t, (1, 2, 2, 3, 3), align_corners=False),
+                                       padding_mode="border", align_corners=False),
+                       _shapes((1, 2, 3, 4, 5), (1, 2, 3, 3, 3), (1, 3, 4))),
     # real to complex, one-sided and not; complex to complex, both ways; complex to real,
     # of an odd length; every normalization; a complex product; the real part
     "fft": (lambda a, b: torch.fft.irfft(torch.fft.rfft(a, norm="ortho") * b, n=7)
@@ -833,12 +909,32 @@ OPS = {
     "solvers": (lambda a, b: torch.cholesky_inverse(torch.tril(a) + 4 * _eye(a))
                 + torch.linalg.matrix_exp(0.3 * a) + torch.diagonal_scatter(a, b[0, :3], 1),
                 _shapes((4, 4), (4, 4))),
+    # indices that repeat, the product's among them (JAX differentiates a scattered product
+    # only where indices are unique); put's flat indices, negative ones too
+    "index_reduce_put": (lambda a, b: _index_reduce(a, 0, [2, 0, 2, 1, 2], b, "prod")
+                         + _index_reduce(a, 0, [1, 1, 0, 1, 2], b, "amax", include_self=False)
+                         + _index_reduce(a, 1, [3, 0, 3, 3], a.flip(0), "mean")
+                         + _index_reduce(a, 1, [1, 1, 2, 1], a.flip(1), "amin")
+                         + a.scatter_reduce(0, torch.tensor([[0, 2, 0, 0]] * 4), b[:4], "prod",
+                                            include_self=False)
+                         + a.put(torch.tensor([0, -1, 5, 5]), b[1], accumulate=True)
+                         + a.put(torch.tensor([3, 7]), b[2, :2]), _shapes((3, 4), (5, 4))),
+    # torch's tolerances: an absolute one (a tensor, or a float with rtol then 0),
+    # pinverse's rcond
+    "pinv_tolerances": (lambda a: torch.linalg.pinv(a, atol=torch.tensor(0.5, dtype=a.dtype))
+                        + torch.linalg.pinv(a, atol=0.1, rtol=0.3)
+                        + torch.pinverse(a, rcond=0.2), _shapes((4, 4))),
+    # the embedding losses make their zeros with empty_permuted
+    "embedding_losses": (lambda a, b: F.cosine_embedding_loss(a, b, torch.tensor([1, -1, 1]),
+                                                              margin=0.1)
+                         + F.hinge_embedding_loss(a, torch.tensor([[1, -1, 1, -1]] * 3)),
+                         _shapes((3, 4), (3, 4))),
     # abs and angle of complex numbers are real; the conjugate; polar form
     "complex": (lambda a, b: (torch.polar(a.abs() + 0.5, b) * (a + 1j * b).conj()).abs()
                 + (a + 1j * b).angle(), _shapes((3, 4), (3, 4))),
 }
 _NO_BFLOAT16 = ("cdist", "fft", "stft", "linalg", "complex", "special_functions", "solvers",
-                "erfcx_log_ndtr")
+                "erfcx_log_ndtr", "pinv_tolerances")
 _TOL = {torch.float64: (1e-9, 1e-11), torch.float32: (2e-5, 2e-5),
         torch.bfloat16: (3e-2, 3e-2)}
 

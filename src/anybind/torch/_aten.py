@@ -34,6 +34,8 @@ over the sequence).
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -315,8 +317,8 @@ def _full_like(node, x, fill_value, **kw):
 
 
 @rule("zeros.default", "zeros_like.default", "empty.memory_format", "empty_like.default",
-      "empty_strided.default", "new_zeros.default", "new_empty.default",
-      "new_empty_strided.default")
+      "empty_strided.default", "empty_permuted.default", "new_zeros.default",
+      "new_empty.default", "new_empty_strided.default")
 def _zeros(node, *args, **kw):
     return jnp.zeros(node.shape, node.dtype)  # empty memory: zeros, a value like any
 
@@ -389,6 +391,90 @@ def _native_dropout(node, x, p, train):
 def _randint(node, *args, **kw):
     low, high = (0, args[0]) if len(args) == 2 else args[:2]
     return jax.random.randint(node.key(), node.shape, low, high, node.dtype)
+
+
+@rule("randint_like.default", "randint_like.Tensor", "randint_like.low_dtype", random=True)
+def _randint_like(node, x, *bounds, **kw):
+    low, high = (0, *bounds) if len(bounds) == 1 else bounds
+    d = node.dtype if jnp.issubdtype(node.dtype, jnp.integer) else np.dtype(np.int64)
+    return jax.random.randint(node.key(), node.shape, low, high, jax.dtypes.canonicalize_dtype(d))
+
+
+# The functional forms of the in-place fills (``x.uniform_()``, ``x.normal_()``, ...) that
+# torch.distributions' samplers use: a draw of the filled tensor's shape, no derivative.
+@rule("uniform.default", random=True)
+def _uniform(node, x, low=0.0, high=1.0, **kw):
+    return jax.random.uniform(node.key(), node.shape, _acc(node.dtype), low, high)
+
+
+@rule("normal_functional.default", random=True)
+def _normal_fill(node, x, mean=0.0, std=1.0, **kw):
+    return mean + std * jax.random.normal(node.key(), node.shape, _acc(node.dtype))
+
+
+@rule("exponential.default", random=True)
+def _exponential(node, x, lambd=1.0, **kw):
+    return jax.random.exponential(node.key(), node.shape, _acc(node.dtype)) / lambd
+
+
+@rule("cauchy.default", random=True)
+def _cauchy(node, x, median=0.0, sigma=1.0, **kw):
+    return median + sigma * jax.random.cauchy(node.key(), node.shape, _acc(node.dtype))
+
+
+@rule("log_normal.default", random=True)
+def _log_normal(node, x, mean=1.0, std=2.0, **kw):
+    return jnp.exp(mean + std * jax.random.normal(node.key(), node.shape, _acc(node.dtype)))
+
+
+@rule("geometric.default", random=True)
+def _geometric(node, x, p, **kw):  # the trials up to the first success: 1, 2, ...
+    return jax.random.geometric(node.key(), p, node.shape)
+
+
+@rule("normal.Tensor_Tensor", "normal.Tensor_float", "normal.float_Tensor",
+      "normal.float_float", random=True)
+def _normal(node, mean, std=1.0, *size, **kw):  # torch.normal has no derivative
+    eps = jax.random.normal(node.key(), node.shape, _acc(node.dtype))
+    return lax.stop_gradient(mean + std * eps)
+
+
+@rule("_standard_gamma.default", random=True)
+def _standard_gamma(node, alpha, **kw):
+    """Gamma(alpha, 1) draws, differentiated in ``alpha`` implicitly through the CDF, the
+    reparameterization torch's ``_standard_gamma_grad`` computes."""
+    return jax.random.gamma(node.key(), _cast(alpha, _acc(node.dtype)), node.shape)
+
+
+@rule("_sample_dirichlet.default", random=True)
+def _sample_dirichlet(node, alpha, **kw):
+    """Dirichlet draws as normalized Gamma draws, differentiated through them: an unbiased
+    reparameterization gradient, as torch's ``_dirichlet_grad`` is, but not the same one
+    draw by draw."""
+    return jax.random.dirichlet(node.key(), _cast(alpha, _acc(node.dtype)), node.shape[:-1])
+
+
+@rule("poisson.default", random=True)
+def _poisson(node, rate, **kw):
+    return jax.random.poisson(node.key(), lax.stop_gradient(rate), node.shape)
+
+
+@rule("binomial.default", random=True)
+def _binomial(node, count, prob, **kw):
+    n, p = (lax.stop_gradient(_cast(v, _acc(node.dtype))) for v in (count, prob))
+    return jax.random.binomial(node.key(), n, p, node.shape, _acc(node.dtype))
+
+
+@rule("multinomial.default", random=True)
+def _multinomial(node, probs, num_samples, replacement=False, **kw):
+    """``num_samples`` category indices per row of (unnormalized) ``probs``: independent
+    draws, or, without replacement, the top ones of log-probabilities plus Gumbel noise
+    (the order in which a weighted draw without replacement picks them)."""
+    logp = jnp.log(lax.stop_gradient(_cast(probs, _acc(probs.dtype))))
+    if replacement:
+        return jax.random.categorical(node.key(), logp[..., None, :], shape=node.shape)
+    return lax.top_k(logp + jax.random.gumbel(node.key(), logp.shape, logp.dtype),
+                     num_samples)[1]
 
 
 # ----------------------------------------------------------------------- views
@@ -661,6 +747,49 @@ def _upsample_linear(node, x, output_size, align_corners, scale_factors):
     return x
 
 
+def _reflect(i, twice_low: int, twice_high: int):
+    """Coordinates reflected off the bounds (given doubled) until they fall between them."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(i)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    d = jnp.abs(i - low)
+    extra = jnp.fmod(d, span)
+    even = jnp.floor(d / span) % 2 == 0
+    return jnp.where(even, extra + low, span + low - extra)
+
+
+@rule("grid_sampler_3d.default")
+def _grid_sampler_3d(node, a, grid, interpolation_mode, padding_mode, align_corners):
+    """torch's decomposition of ``grid_sampler_2d`` in three dims: trilinear (0) or nearest
+    (1, rounding half to even); padding by zeros (0), the border (1) or reflection (2)."""
+    d = _acc(node.dtype)
+    a, grid = _cast(a, d), _cast(grid, d)
+    size = a.shape[2:]  # D, H, W; the grid's last axis holds (x, y, z): W, H, D
+
+    def source(g, s):
+        i = g * (s * 0.5 - 0.5 if align_corners else s * 0.5) + (s * 0.5 - 0.5)
+        if padding_mode == 2:
+            i = _reflect(i, 0, 2 * (s - 1)) if align_corners else _reflect(i, -1, 2 * s - 1)
+        return jnp.clip(i, 0, s - 1) if padding_mode else i
+    at = [source(grid[..., 2 - k], s) for k, s in enumerate(size)]
+    batch = jnp.arange(a.shape[0]).reshape(-1, 1, 1, 1)
+
+    def corner(ks, w):  # the input at integer coordinates ks, weighted; zero outside
+        inside = functools.reduce(jnp.logical_and, [(k >= 0) & (k < s) for k, s in zip(ks, size)])
+        ks = [jnp.where(inside, k, 0).astype(jnp.int32) for k in ks]
+        return a[batch, :, ks[0], ks[1], ks[2]] * jnp.where(inside, w, 0)[..., None]
+
+    if interpolation_mode == 1:
+        out = corner([jnp.round(i) for i in at], jnp.ones_like(at[0]))
+    else:
+        low = [jnp.floor(i) for i in at]
+        out = sum(corner([lo + b for lo, b in zip(low, bits)],
+                         functools.reduce(operator.mul, [i - lo if b else lo + 1 - i
+                                                         for i, lo, b in zip(at, low, bits)]))
+                  for bits in itertools.product((0, 1), repeat=3))
+    return jnp.moveaxis(out, -1, 1)  # (N, oD, oH, oW, C) -> (N, C, oD, oH, oW)
+
+
 @rule("_cdist_forward.default")
 def _cdist(node, a, b, p, compute_mode=None):
     diff = jnp.abs(a[..., :, None, :] - b[..., None, :, :])
@@ -794,8 +923,27 @@ def _scatter_add(node, x, dim, index, src):
     return x.at[_axis_ix(index, dim)].add(_cast(src, x.dtype))
 
 
-_SCATTER_REDUCE = {"sum": "add", "prod": "multiply", "amax": "max", "amin": "min",
-                   "mean": "add"}
+_SCATTER_REDUCE = {"sum": "add", "amax": "max", "amin": "min", "mean": "add"}
+
+
+def _scatter_prod(x, at, src):
+    """``x.at[at].multiply(src)`` as running products over ``src`` sorted by where each
+    element lands: plain products, differentiable to every order, where JAX differentiates
+    a scatter's product only for unique indices."""
+    if src.size == 0:
+        return x
+    strides = np.cumprod((*x.shape[1:], 1)[::-1])[::-1]
+    flat = sum(jnp.broadcast_to(i, src.shape) * int(s) for i, s in zip(at, strides, strict=True))
+    order = jnp.argsort(flat.reshape(-1), stable=True)
+    keys, vals = flat.reshape(-1)[order], src.reshape(-1)[order]
+    new = keys[1:] != keys[:-1]
+
+    def product(a, b):  # a segmented product: a run restarts where b starts one
+        return jnp.where(b[1], b[0], a[0] * b[0]), a[1] | b[1]
+    run, _ = lax.associative_scan(product, (vals, jnp.concatenate([jnp.ones(1, bool), new])))
+    ends = jnp.where(jnp.concatenate([new, jnp.ones(1, bool)]), keys, x.size)  # a run's last
+    prods = jnp.ones(x.size, x.dtype).at[ends].set(run, mode="drop")
+    return x * prods.reshape(x.shape)
 
 
 @rule("scatter_reduce.two")
@@ -812,13 +960,41 @@ def _scatter_reduce(node, x, dim, index, src, reduce, *, include_self=True):
         base = x.at[at].set(ident[reduce])
     else:
         base = x
-    out = getattr(base.at[at], _SCATTER_REDUCE[reduce])(src)
+    out = (_scatter_prod(base, at, src) if reduce == "prod"
+           else getattr(base.at[at], _SCATTER_REDUCE[reduce])(src))
     if reduce == "mean":
         count = jnp.zeros(x.shape, d).at[at].add(1) + (1 if include_self else 0)
         out = jnp.where(count > 0, out / jnp.maximum(count, 1), x)
         if jnp.issubdtype(node.dtype, jnp.integer):
             out = jnp.floor(out)
     return out
+
+
+@rule("index_reduce.default")
+def _index_reduce(node, x, dim, index, source, reduce, *, include_self=True):
+    """``scatter_reduce`` with ``index`` along ``dim`` of every slice of ``source``."""
+    if x.ndim == 0:
+        return _index_reduce(node, x[None], 0, index.reshape(1), source.reshape(1), reduce,
+                             include_self=include_self)[0]
+    dim = dim % x.ndim
+    along = index.reshape([-1 if d == dim else 1 for d in range(source.ndim)])
+    return _scatter_reduce(node, x, dim, jnp.broadcast_to(along, source.shape), source, reduce,
+                           include_self=include_self)
+
+
+@rule("put.default")
+def _put(node, x, index, source, accumulate=False):
+    """``x`` as one flat vector, ``source`` written (or added) at ``index``."""
+    at = x.reshape(-1).at[index.reshape(-1)]
+    src = _cast(source, x.dtype).reshape(-1)
+    return (at.add(src) if accumulate else at.set(src)).reshape(x.shape)
+
+
+@rule("nonzero_static.default")
+def _nonzero_static(node, x, *, size, fill_value=-1):
+    if x.ndim == 0:
+        return jnp.zeros(node.shape, node.dtype)
+    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), -1)
 
 
 @rule("embedding.default")
@@ -1293,16 +1469,26 @@ def _qr(node, a, mode="reduced"):
     return (jnp.zeros(node.shapes[0], node.dtypes[0]) if mode == "r" else q), r
 
 
+# hermitian=True: torch's value reads the lower triangle, but its derivative is that of
+# the whole input, which no translation of the value gives for an input not Hermitian
 @rule("linalg_pinv.atol_rtol_tensor", "linalg_pinv.atol_rtol_float",
-      supports=lambda n: n.kwargs.get("atol") is None and not n.kwargs.get("hermitian"))
+      supports=lambda n: not n.kwargs.get("hermitian"))
 def _pinv(node, a, *, atol=None, rtol=None, hermitian=False):
-    if rtol is None:  # torch's default: the machine epsilon times the larger dimension
+    """Singular values above max(atol, rtol·σ₁) inverted; ``rtol`` by default the machine
+    epsilon times the larger dimension, or 0 where an ``atol`` above 0 is given."""
+    if a.size == 0:
+        return jnp.zeros(node.shape, node.dtype)
+    if rtol is None:
         rtol = np.finfo(node.dtype).eps * max(a.shape[-2:])
+        if atol is not None:
+            rtol = jnp.where(jnp.asarray(atol) > 0, 0.0, rtol)
+    if atol is not None:  # as a tolerance relative to σ₁, jnp.linalg.pinv's one argument
+        top = lax.stop_gradient(jnp.linalg.svd(a, compute_uv=False)[..., 0])
+        rtol = jnp.maximum(rtol, jnp.asarray(atol) / top)
     return jnp.linalg.pinv(a, rtol=rtol)
 
 
-@rule("convolution.default",
-      supports=lambda n: not n.args[6] or n.args[8] == 1)  # transposed: one group
+@rule("convolution.default")
 def _convolution(node, x, w, bias, stride, padding, dilation, transposed, output_padding,
                  groups):
     nsp = x.ndim - 2
@@ -1323,10 +1509,14 @@ def _convolution(node, x, w, bias, stride, padding, dilation, transposed, output
         k = [w.shape[2 + i] for i in range(nsp)]
         pads = [(dilation[i] * (k[i] - 1) - padding[i],
                  dilation[i] * (k[i] - 1) - padding[i] + output_padding[i]) for i in range(nsp)]
-        wt = jnp.flip(jnp.swapaxes(w, 0, 1), tuple(range(2, 2 + nsp)))
+        # (in, out / groups, k...) as (out, in / groups, k...), group by group
+        wt = w.reshape(groups, w.shape[0] // groups, *w.shape[1:]).swapaxes(1, 2)
+        wt = jnp.flip(wt.reshape(groups * w.shape[1], w.shape[0] // groups, *k),
+                      tuple(range(2, 2 + nsp)))
         y = lax.conv_general_dilated(x, wt, window_strides=(1,) * nsp, padding=pads,
                                      lhs_dilation=tuple(stride), rhs_dilation=tuple(dilation),
-                                     dimension_numbers=dn, precision=HIGHEST)
+                                     dimension_numbers=dn, feature_group_count=groups,
+                                     precision=HIGHEST)
     if bias is not None:
         y = y + _cast(bias, d).reshape((-1,) + (1,) * nsp)
     return y
