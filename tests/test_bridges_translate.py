@@ -330,7 +330,7 @@ _MOMENTS = [(1.0, 4 ** 2 / 12), (2.0, 9.0), (0.5, 0.25),
 def test_torch_samplers_draw_from_the_key():
     """Each sampler translates to JAX's draw of the same distribution: the moments of 20,000
     draws within six standard errors, the same draws for the same key; torch.normal has
-    no derivative (as torch's), a Gamma draw the reparameterized one: ∂E[x]/∂α = 1/β."""
+    no derivative (as torch's), a Gamma draw the reparameterized one, torch's."""
     x = jnp.zeros(20_000)
     op = ab.from_torch(_samplers, mode="translate")
     draws = np.asarray(op(x, key=jax.random.key(0)))
@@ -342,6 +342,13 @@ def test_torch_samplers_draw_from_the_key():
     assert not np.asarray(jax.grad(lambda v: op(v, key=jax.random.key(1))[5].sum())(x)).any()
     grad = jax.grad(lambda v: op(v, key=jax.random.key(1))[7].mean())(x) * x.size
     assert abs(float(grad.mean()) - (1 / 2.0 - 2.5 / 4.0)) < 0.02  # ∂(α/β) through α, β
+    # a Gamma draw's derivative is torch's for that draw, up to both approximations
+    gamma, alpha, key = ab.from_torch(torch._standard_gamma, mode="translate"), \
+        np.linspace(0.2, 30.0, 200), jax.random.key(2)
+    drawn = np.array(gamma(alpha, key=key))
+    assert_close(jax.grad(lambda a: gamma(a, key=key).sum())(alpha),
+                 torch._standard_gamma_grad(torch.from_numpy(alpha), torch.from_numpy(drawn)),
+                 rtol=2e-3, atol=0)
 
 
 # ------------------------------------------------- translate's errors, auto's calls
