@@ -638,6 +638,151 @@ def test_erfcx_agrees_with_torch_on_large_arguments():
                      torch.special.erfcx(torch.from_numpy(x)).numpy(), rtol=1e-6, atol=0)
 
 
+def _stop_detach(x):
+    return x * (x * x).sum().detach()
+
+
+def _stop_no_grad(x):
+    with torch.no_grad():
+        s = (x * x).sum()
+    return x * s
+
+
+def _stop_grad_mode(x):
+    torch.set_grad_enabled(False)
+    s = (x * x).sum()
+    torch.set_grad_enabled(True)
+    return x * s
+
+
+def _stop_target_net(x):  # a target network's output under no_grad, a straight-through
+    with torch.no_grad():  # estimator, and a no_grad block's output used twice
+        target = torch.tanh(x.flip(0)) * 2
+        codes = torch.round(x * 3) / 3
+    q = x + (codes - x).detach()
+    return (x - target) ** 2 + q * target
+
+
+@pytest.mark.parametrize("fn", [_stop_detach, _stop_no_grad, _stop_grad_mode, _stop_target_net],
+                         ids=lambda f: f.__name__)
+def test_what_torch_does_not_differentiate_is_not_differentiated(fn):
+    """``detach()`` and ``torch.no_grad()`` blocks stop derivatives in a translation as in
+    torch's reverse mode: decomposition makes a detach an alias and inlines a no_grad
+    block, so their nodes are found by the provenance torch's export records. torch's
+    forward mode goes through a no_grad block: a translation's cannot, so ``"auto"``
+    runs a program with one as one torch call, and ``"translate"`` stops both modes."""
+    x, ct = np.array([0.3, -1.2, 2.0, 0.7]), np.array([1.0, -2.0, 0.5, 3.0])
+    t = torch.tensor(x, requires_grad=True)
+    (fn(t) * torch.from_numpy(ct)).sum().backward()
+    forward = torch.func.jvp(fn, (torch.from_numpy(x),), (torch.from_numpy(ct),))[1]
+    translated, auto = ab.from_torch(fn, mode="translate"), ab.from_torch(fn)
+    for op in (translated, auto):
+        assert_close(op(x), fn(torch.from_numpy(x)).numpy())
+        assert_close(jax.grad(lambda v, op=op: op(v) @ ct)(x), t.grad.numpy())
+    assert_close(jax.jvp(auto, (x,), (ct,))[1], forward)  # as mode="call"'s
+    tangent = jax.jvp(translated, (x,), (ct,))[1]  # the transpose of its own gradient
+    assert_close(tangent @ ct, jax.grad(lambda v: translated(v) @ ct)(x) @ ct)
+    if fn is _stop_detach:  # translated in the default mode too
+        assert_close(tangent, forward)
+        assert not auto.fn.program(x).whole_call
+
+
+def _write_detached(x):  # torch.distributions' idiom: change a value, keep its derivative
+    v = x * 2
+    v.detach().clamp_(min=0.5)
+    return v * 3
+
+
+def _write_and_read_detached(x):
+    v = x * 2
+    d = v.detach()
+    d.mul_(2)
+    return d + v * 3
+
+
+def _write_in_no_grad(x):
+    v = x * 2
+    with torch.no_grad():
+        v.clamp_(min=0.5)
+    return v * 3
+
+
+@pytest.mark.parametrize("fn", [_write_detached, _write_and_read_detached, _write_in_no_grad],
+                         ids=lambda f: f.__name__)
+def test_a_write_through_what_torch_does_not_differentiate(fn):
+    """torch keeps a tensor's derivative when it is written through a detached view or in
+    a no_grad block: a translation writes ``x + stop_gradient(new - x)`` for a detached
+    view that is not read again, and otherwise ``"translate"`` says why it cannot and
+    ``"auto"`` runs the program as one torch call."""
+    x = np.array([0.1, 1.0, -2.0])
+    t = torch.tensor(x, requires_grad=True)
+    fn(t).sum().backward()
+    ops = [ab.from_torch(fn)]
+    if fn is _write_detached:
+        ops.append(ab.from_torch(fn, mode="translate"))
+    else:
+        with pytest.raises(TypeError, match="write in place into a tensor"):
+            ab.from_torch(fn, mode="translate")(x)
+    for op in ops:
+        assert_close(op(x), fn(torch.from_numpy(x)).numpy())
+        assert_close(jax.grad(lambda v, op=op: op(v).sum())(x), t.grad.numpy())
+
+
+def test_an_embedding_with_max_norm_differentiates_its_weight_as_torch():
+    """``F.embedding(max_norm=)`` renormalizes rows of the weight in place through a
+    detached view, and torch differentiates the weight as if unchanged."""
+    torch.manual_seed(0)
+    m = nn.Embedding(5, 3, max_norm=1.0)
+    ids = np.array([0, 2, 2, 3])
+    params = _params(m)
+    op = ab.from_torch(m)
+    got, grad = op(params, ids), jax.grad(lambda p: op(p, ids).sum())(params)["weight"]
+    m(torch.from_numpy(ids)).sum().backward()
+    assert_close(got, m(torch.from_numpy(ids)).detach().numpy())
+    assert_close(grad, m.weight.grad.numpy())
+
+
+def _kinks(x):
+    """Where torch's derivatives pick a side: clamps at their bounds, the first of tied
+    maxima, norms and distances of zero vectors, an embedding's padding row and its
+    gradient scaled by frequency."""
+    z = torch.cat([torch.zeros(1, 3, dtype=x.dtype), x[:2]])  # a zero row
+    e = F.embedding(torch.tensor([0, 2, 2, 3]), x, padding_idx=2)
+    f = F.embedding(torch.tensor([1, 1, 3]), x, scale_grad_by_freq=True)
+    return torch.cat([
+        x.clamp(0, 1).flatten(), x.clamp(min=0).flatten(), F.hardtanh(x).flatten(),
+        F.relu6(x * 6).flatten(), x.max(1).values, x.min(0).values,
+        z.norm(dim=1), F.normalize(z, dim=1).flatten(), torch.cdist(z, z).flatten(),
+        torch.cdist(z, z, p=3).flatten(), F.pdist(z), F.pairwise_distance(z, z[[0, 0, 1]], eps=0),
+        F.cosine_similarity(z, x[:3] + 1, dim=1), e.flatten(), f.flatten()])
+
+
+def test_derivatives_at_kinks_are_torchs():
+    x = torch.tensor([[0.0, 1.0, -1.0], [1.0, 1.0, 0.5], [-1.0, 0.2, -1.0], [0.3, -0.4, 0.0]],
+                     dtype=torch.float64, requires_grad=True)
+    y = _kinks(x)
+    ct = torch.linspace(-1.0, 2.0, y.numel(), dtype=torch.float64)
+    (y * ct).sum().backward()
+    for mode in ("translate", "auto"):
+        op = ab.from_torch(_kinks, mode=mode)
+        v = x.detach().numpy()
+        assert_close(op(v), y.detach().numpy())
+        assert_close(jax.grad(lambda a: op(a) @ ct.numpy())(v), x.grad.numpy())
+
+
+def test_a_node_left_to_torch_returns_its_int64_as_int32_where_x64_is_off():
+    """With x64 off, a torch call's int64 output (max pooling's indices) comes back as
+    JAX's int32, as in mode="call"."""
+    f = lambda a: F.max_pool2d(a, 2, return_indices=True)  # noqa: E731
+    a = np.random.default_rng(0).standard_normal((1, 2, 4, 6)).astype(np.float32)
+    values, at = f(torch.from_numpy(a))
+    with jax.enable_x64(False):
+        got = ab.from_torch(f)(a)
+    assert got[1].dtype == np.int32
+    assert_close(got[0], values.numpy())
+    np.testing.assert_array_equal(got[1], at.numpy())
+
+
 def test_a_magnitude_spectrum_translates_in_the_default_mode():
     """Real in, real out, complex inside: ``"auto"`` translates it whole, and the
     magnitude of a complex tensor keeps its imaginary part."""
@@ -930,6 +1075,11 @@ OPS = {
     "pinv_tolerances": (lambda a: torch.linalg.pinv(a, atol=torch.tensor(0.5, dtype=a.dtype))
                         + torch.linalg.pinv(a, atol=0.1, rtol=0.3)
                         + torch.pinverse(a, rcond=0.2), _shapes((4, 4))),
+    # the copying forms of views; nearest upsampling by its explicit-size overload
+    "copies_and_nearest": (lambda a: torch.cat([
+        torch.ops.aten.select_copy.int(a, 1, 0).flatten(),
+        torch.ops.aten.slice_copy.Tensor(a, 1, 1, 3).flatten(),
+        torch.ops.aten.upsample_nearest2d(a[None], [5, 7]).flatten()]), _shapes((2, 4, 3))),
     # the embedding losses make their zeros with empty_permuted
     "embedding_losses": (lambda a, b: F.cosine_embedding_loss(a, b, torch.tensor([1, -1, 1]),
                                                               margin=0.1)

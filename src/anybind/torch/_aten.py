@@ -30,7 +30,8 @@ holds, for the few rules that cover part of an op, a predicate on the fx node.
 ``RANDOM`` names the ops that draw random numbers (``draws(node)``: whether a node
 does). ``KEPT`` names the ops kept whole from torch's decomposition to the core op set,
 for a rule of their own (recurrent layers: one ``lax.scan`` instead of a loop unrolled
-over the sequence).
+over the sequence; the vector norm, whose derivative torch takes as 0 at a zero vector,
+where the root in its decomposition has none).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ from jax import lax
 from ._run import _TORCH_TO_NP
 
 RULES: dict[str, Callable] = {}
-KEPT = ("lstm.input", "gru.input", "rnn_tanh.input", "rnn_relu.input")
+KEPT = ("lstm.input", "gru.input", "rnn_tanh.input", "rnn_relu.input",
+        "linalg_vector_norm.default")
 SUPPORTS: dict[str, Callable] = {}
 RANDOM: dict[str, Callable] = {}
 HIGHEST = lax.Precision.HIGHEST
@@ -241,9 +243,19 @@ def _silu(node, x):
     return jax.nn.silu(_cast(x, _acc(node.dtype)))
 
 
+def _clip(x, low=None, high=None):
+    """``x`` clipped to number bounds, with torch's derivative: 0 at a bound (``jnp.clip``'s
+    is 1/2 there), and NaN kept."""
+    if low is not None:
+        x = jnp.where(x <= low, jnp.asarray(low, x.dtype), x)
+    if high is not None:
+        x = jnp.where(x >= high, jnp.asarray(high, x.dtype), x)
+    return x
+
+
 @rule("hardtanh.default")
 def _hardtanh(node, x, min_val=-1.0, max_val=1.0):
-    return jnp.clip(x, min_val, max_val)
+    return _clip(x, min_val, max_val)
 
 
 @rule("leaky_relu.default")
@@ -268,6 +280,8 @@ def _softplus(node, x, beta=1.0, threshold=20.0):
 def _clamp(node, x, min=None, max=None):  # noqa: A002  (torch's names)
     d = _acc(node.dtype)
     x = _cast(x, d)
+    if not (_is_array(min) or _is_array(max)):  # number bounds; tensor ones share ties
+        return _clip(x, min, max)
     if min is not None:
         x = jnp.maximum(x, _cast(min, d))
     if max is not None:
@@ -514,7 +528,7 @@ def _squeeze(node, x, *dims):
     return jnp.reshape(x, node.shape)
 
 
-@rule("slice.Tensor")
+@rule("slice.Tensor", "slice_copy.Tensor")
 def _slice(node, x, dim=0, start=None, end=None, step=1):
     dim = dim % x.ndim
     start, end, step = slice(start, end, step).indices(x.shape[dim])
@@ -523,7 +537,7 @@ def _slice(node, x, dim=0, start=None, end=None, step=1):
     return lax.slice_in_dim(x, start, end, step, axis=dim)
 
 
-@rule("select.int")
+@rule("select.int", "select_copy.int")
 def _select(node, x, dim, index):
     dim = dim % x.ndim
     return lax.index_in_dim(x, index % x.shape[dim], dim, keepdims=False)
@@ -727,6 +741,12 @@ def _upsample_nearest(node, x, output_size, scale_factors):
     return x
 
 
+@rule("upsample_nearest2d.default")
+def _upsample_nearest2d(node, x, output_size, scales_h=None, scales_w=None):
+    scales = None if scales_h is None and scales_w is None else [scales_h, scales_w]
+    return _upsample_nearest(node, x, output_size if scales is None else None, scales)
+
+
 @rule("upsample_bilinear2d.vec", "upsample_linear1d.vec")
 def _upsample_linear(node, x, output_size, align_corners, scale_factors):
     d = _acc(node.dtype)
@@ -790,27 +810,44 @@ def _grid_sampler_3d(node, a, grid, interpolation_mode, padding_mode, align_corn
     return jnp.moveaxis(out, -1, 1)  # (N, oD, oH, oW, C) -> (N, C, oD, oH, oW)
 
 
+def _root(s, p):
+    """``s ** (1 / p)`` with the derivative 0 where ``s`` is 0, where torch's norms and
+    distances mask theirs (the root's own is infinite there)."""
+    zero = s == 0
+    r = jnp.where(zero, 1, s)
+    return jnp.where(zero, 0, jnp.sqrt(r) if p == 2 else r ** (1.0 / p))
+
+
+def _p_norm(diff, p, axis, keepdims=False):
+    """The p-norm of real ``diff`` ≥ 0 along ``axis``, differentiated as torch's."""
+    if p == float("inf"):
+        return jnp.max(diff, axis, keepdims=keepdims)
+    if p == -float("inf"):
+        return jnp.min(diff, axis, keepdims=keepdims)
+    if p == 0:
+        return jnp.sum(diff != 0, axis, keepdims=keepdims).astype(diff.dtype)
+    if p == 1:
+        return jnp.sum(diff, axis, keepdims=keepdims)
+    return _root(jnp.sum(diff * diff if p == 2 else diff ** p, axis, keepdims=keepdims), p)
+
+
 @rule("_cdist_forward.default")
 def _cdist(node, a, b, p, compute_mode=None):
-    diff = jnp.abs(a[..., :, None, :] - b[..., None, :, :])
-    if p == 2:
-        return jnp.sqrt(jnp.sum(diff * diff, -1))
-    if p == float("inf"):
-        return jnp.max(diff, -1)
-    if p == 0:
-        return jnp.sum(diff != 0, -1).astype(a.dtype)
-    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+    return _p_norm(jnp.abs(a[..., :, None, :] - b[..., None, :, :]), p, -1)
 
 
 @rule("_pdist_forward.default")
 def _pdist(node, a, p=2.0):
     i, j = np.triu_indices(a.shape[0], 1)
-    diff = jnp.abs(a[i] - a[j])
-    if p == 2:
-        return jnp.sqrt(jnp.sum(diff * diff, -1))
-    if p == float("inf"):
-        return jnp.max(diff, -1)
-    return jnp.sum(diff ** p, -1) ** (1.0 / p)
+    return _p_norm(jnp.abs(a[i] - a[j]), p, -1)
+
+
+@rule("linalg_vector_norm.default")
+def _vector_norm(node, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    axes, d = _dims(dim, x.ndim), _acc(node.dtype)
+    if jnp.iscomplexobj(x) and ord == 2:  # |x|², with no root of 0 on the way
+        return _root(jnp.sum(jnp.real(x * x.conj()), axes, keepdims=keepdim).astype(d), 2)
+    return _p_norm(jnp.abs(x).astype(d), ord, axes, keepdim)
 
 
 @rule("masked_scatter.default")
@@ -999,7 +1036,18 @@ def _nonzero_static(node, x, *, size, fill_value=-1):
 
 @rule("embedding.default")
 def _embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return jnp.take(weight, indices, axis=0)
+    """Rows of ``weight``; as torch's derivative, none reaches the row ``padding_idx``, and
+    with ``scale_grad_by_freq`` a row's is divided by how often ``indices`` holds it."""
+    rows = jnp.take(weight, indices, axis=0)
+    if padding_idx < 0 and not scale_grad_by_freq:
+        return rows
+    share = jnp.ones(indices.shape, rows.dtype)
+    if scale_grad_by_freq:
+        share = share / jnp.zeros(weight.shape[0], rows.dtype).at[indices].add(1)[indices]
+    if padding_idx >= 0:
+        share = jnp.where(indices == padding_idx, 0, share)
+    held = lax.stop_gradient(rows)
+    return held + (rows - held) * share[..., None]
 
 
 def _embedding_bag_used(n) -> bool:
@@ -1062,12 +1110,15 @@ rule("all.dim", "all.dims", "all.default")(_reduction(jnp.all))
 
 @rule("max.dim", "min.dim")
 def _max_dim(node, x, dim, keepdim=False):
-    fn, arg = ((jnp.max, jnp.argmax) if node.node.target.__name__.startswith("max")
-               else (jnp.min, jnp.argmin))
+    """The value at the first index of the extreme (NaN's, if any), where torch sends the
+    derivative; ``jnp.max``'s shares it among ties."""
+    arg = jnp.argmax if node.node.target.__name__.startswith("max") else jnp.argmin
     if x.ndim == 0:
         return x, jnp.zeros((), node.dtypes[1])
     dim = dim % x.ndim
-    return fn(x, axis=dim, keepdims=keepdim), arg(x, axis=dim, keepdims=keepdim)
+    at = arg(x, axis=dim, keepdims=True)
+    val = jnp.take_along_axis(x, at, axis=dim)
+    return (val, at) if keepdim else (val.squeeze(dim), at.squeeze(dim))
 
 
 @rule("max.default")

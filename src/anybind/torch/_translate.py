@@ -297,6 +297,20 @@ class Program:
                 f"shapes or dtypes ({_outputs(captured)} become {_outputs(ep)})")
             return
         self.ep, self.graph = ep, ep.graph_module.graph
+        blocks = {n.name: n for n in captured.graph.nodes if n.op == "call_function"
+                  and "wrap_with_set_grad_enabled" in str(n.target) and n.args[0] is False}
+        if blocks and t.mode == "auto":  # torch's forward mode goes through a no_grad
+            self.whole_call = True        # block, which one JAX derivative cannot follow
+            return
+        self.stopped = _not_differentiated(blocks, self.graph)
+        self.passed, other = _written_through_detach(self.graph, self.stopped)
+        other += [name for name, b in blocks.items() if any(  # torch keeps the derivatives
+            _writes(n) for n in getattr(captured.graph_module, b.args[1].target).graph.nodes)]
+        if other:  # of a tensor written there, which the block's nodes here have lost
+            self._cannot_translate(
+                f"node(s) {other[:4]} write in place into a tensor in a torch.no_grad() "
+                f"block, or through a detached view that the program reads again")
+            return
         flat_ex, _ = _torch.tree_flatten((ex[0], kwargs))
         self.user = [where.get(id(e)) for e in flat_ex if isinstance(e, torch.Tensor)]
         self.leaves_n = len(leaves)
@@ -468,7 +482,8 @@ class Program:
             else:
                 values.append(_constant(what))
         with jax.numpy_rank_promotion("allow"):  # torch broadcasts across ranks
-            outs = lower(self.graph, values, key, self.fallback, t.name, self.drawing, seeds)
+            outs = lower(self.graph, values, key, self.fallback, t.name, self.drawing, seeds,
+                         self.stopped, self.passed)
         user, state = [], {}
         for sink, v in zip(self.sinks, outs):
             if sink is None:
@@ -626,19 +641,23 @@ def _np(d) -> np.dtype:
 
 
 def lower(graph, inputs: list, key, fallback: dict, name: str, drawing=None,
-          seeds=None) -> list:
+          seeds=None, stopped=frozenset(), passed=None) -> list:
     """The graph's outputs, each node lowered by its rule (or run by its fallback op;
-    ``drawing``, a random node run by torch, with the call's ``seeds``)."""
+    ``drawing``, a random node run by torch, with the call's ``seeds``); the nodes in
+    ``stopped`` see their inputs as constants (``lax.stop_gradient``), and each node in
+    ``passed``, a write, has the derivative of the tensor it writes."""
+    passed = passed or {}
     env: dict = {}
     it = iter(inputs)
-    load = lambda a: torch.fx.node.map_arg(a, lambda n: env[n])  # noqa: E731
     for index, node in enumerate(graph.nodes):
+        get = (lambda n: jax.lax.stop_gradient(env[n])) if node in stopped else env.__getitem__
+        load = lambda a, get=get: torch.fx.node.map_arg(a, get)  # noqa: E731
         if node.op == "placeholder":
             env[node] = next(it)
         elif node.op == "output":
             return list(load(node.args[0]))
         elif node in fallback:
-            tensors = [env[n] for n in _tensor_inputs(node)]
+            tensors = [get(n) for n in _tensor_inputs(node)]
             if node is drawing and seeds is not None:  # the draws the call carries
                 env[node] = core_of(fallback[node])(*tensors, **{_draws.DRAWS: seeds})
             else:
@@ -650,6 +669,9 @@ def lower(graph, inputs: list, key, fallback: dict, name: str, drawing=None,
                       if k not in ("device", "layout", "pin_memory", "memory_format")}
             out = _aten.RULES[_aten.name_of(node.target)](info, *args, **kwargs)
             env[node] = _as_recorded(out, info, name)
+        if node in passed:
+            base = env[passed[node]]
+            env[node] = base + jax.lax.stop_gradient(env[node] - base)
     raise AssertionError("an fx graph ends with its output node")
 
 
@@ -675,6 +697,72 @@ def _as_recorded(out, info: Node, name: str):
     return got[0] if single else tuple(got)
 
 
+def _sources(node):
+    """Where torch's export and decompositions made ``node`` from: its ``from_node``
+    provenance, each source's own sources after it."""
+    for src in node.meta.get("from_node") or ():
+        yield src
+        yield from _sources(src) if hasattr(src, "meta") else _provenance(src)
+
+
+def _provenance(src):
+    for s in getattr(src, "from_node", None) or ():
+        yield s
+        yield from _provenance(s)
+
+
+def _not_differentiated(blocks, graph) -> set:
+    """The nodes of the decomposed ``graph`` whose results torch's reverse mode records no
+    derivative of: a ``detach`` (an ``alias`` after decomposition), and every node made
+    from a ``torch.no_grad()`` block (a ``wrap_with_set_grad_enabled(False, ...)`` node of
+    the captured program named in ``blocks``, inlined by decomposition; named in each
+    node's provenance)."""
+    stopped = {n for n in graph.nodes if n.op == "call_function" and (
+        _detach(n) or any(getattr(s, "name", None) in blocks
+               and "wrap_with_set_grad_enabled" in str(getattr(s, "target", ""))
+               for s in _sources(n)))}
+    if blocks and all(_detach(n) for n in stopped):
+        raise AssertionError(f"torch {torch.__version__} named no node made from the "
+                             f"torch.no_grad() block(s) {sorted(blocks)}")
+    return stopped
+
+
+def _written_through_detach(graph, stopped: set) -> tuple[dict, list]:
+    """In-place writes through a detached view (``x.detach().clamp_(...)``), which change
+    the tensor and keep its derivative, as torch's autograd does: each such node with the
+    tensor it writes (``x + stop_gradient(new - x)`` at run time). And the names of the
+    writes into what torch does not differentiate that are not of that form (a detached
+    view read again after the write, a write into a write)."""
+    passed, other = {}, []
+    for n in graph.nodes:
+        if (n.op != "call_function" or n in stopped
+                or not any(i in stopped for i in _tensor_inputs(n))
+                or not any(_writes(s) for s in _sources(n))):
+            continue
+        view = n.args[0] if n.args else None
+        again = [u for u in n.users if str(u.target) == "aten.alias.default"]
+        if view in stopped and _detach(view) and not again:
+            passed[n] = view.args[0]
+        else:
+            other.append(n.name)
+    return passed, other
+
+
+def _detach(node) -> bool:
+    return str(node.meta.get("original_aten")) == "aten.detach.default"
+
+
+def _writes(source) -> bool:
+    """Whether the ATen op a node was made from (a ``from_node`` source, which names it
+    as ``"aten.add_.Tensor"``) writes into one of its arguments (``x.add_``, ``out=``)."""
+    name, _, overload = str(getattr(source, "target", "")).removeprefix("aten.").partition(".")
+    try:
+        schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+    except (AttributeError, RuntimeError):  # not an ATen op: a placeholder, a block
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
 def _tensor_inputs(node) -> list:
     found: list = []
     torch.fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) or n)
@@ -696,13 +784,16 @@ def _node_op(name: str, node) -> _api.Op | None:
         return None
     target, args, kwargs = node.target, node.args, node.kwargs
 
+    spec = tuple(jax.ShapeDtypeStruct(tuple(int(s) for s in v.shape), _np(v.dtype))
+                 for v in vals)
+    kinds = [_torch_dtype(s.dtype) for s in spec]  # int64 is int32 where x64 is off
+
     def call(*tensors):
         got = dict(zip(ins, tensors))
         a, k = torch.fx.node.map_arg((args, kwargs), lambda n: got[n])
         out = target(*a, **k)
-        return tuple(out) if isinstance(out, list) else out  # as the spec says
-    spec = tuple(jax.ShapeDtypeStruct(tuple(int(s) for s in v.shape), _np(v.dtype))
-                 for v in vals)
+        outs = [o.to(d) for o, d in zip(out if isinstance(out, list | tuple) else [out], kinds)]
+        return tuple(outs) if isinstance(out, list | tuple) else outs[0]  # as the spec says
     op_name = re.sub(r"\W", "_", f"{name}_{node.name}")
     call.__name__ = op_name
     return _BRIDGES.from_torch(call, shape=spec if isinstance(val, list | tuple) else spec[0],
