@@ -6,6 +6,7 @@ the coverage on.
 """
 import functools
 import pickle
+import threading
 import warnings
 
 import jax
@@ -749,8 +750,10 @@ def _kinks(x):
     z = torch.cat([torch.zeros(1, 3, dtype=x.dtype), x[:2]])  # a zero row
     e = F.embedding(torch.tensor([0, 2, 2, 3]), x, padding_idx=2)
     f = F.embedding(torch.tensor([1, 1, 3]), x, scale_grad_by_freq=True)
+    bound = torch.zeros(3, dtype=x.dtype)
     return torch.cat([
         x.clamp(0, 1).flatten(), x.clamp(min=0).flatten(), F.hardtanh(x).flatten(),
+        x.clamp(bound, bound + 1).flatten(), x.clamp(max=bound).flatten(),
         F.relu6(x * 6).flatten(), x.max(1).values, x.min(0).values,
         z.norm(dim=1), F.normalize(z, dim=1).flatten(), torch.cdist(z, z).flatten(),
         torch.cdist(z, z, p=3).flatten(), F.pdist(z), F.pairwise_distance(z, z[[0, 0, 1]], eps=0),
@@ -768,6 +771,100 @@ def test_derivatives_at_kinks_are_torchs():
         v = x.detach().numpy()
         assert_close(op(v), y.detach().numpy())
         assert_close(jax.grad(lambda a: op(a) @ ct.numpy())(v), x.grad.numpy())
+
+
+def test_derivatives_at_clamps_bounds_follow_the_torch_installed():
+    """torch 2.15 changed clamp's derivative at a bound (pytorch/pytorch#191142): the
+    translation reads which one the installed torch gives."""
+    x = torch.tensor([0.0, 1.0], dtype=torch.float64, requires_grad=True)
+    bound = torch.zeros(2, dtype=torch.float64)
+    for f in (lambda v: v.clamp(0, 1), lambda v: v.clamp(min=bound)):
+        (want,) = torch.autograd.grad(f(x).sum(), x)
+        got = jax.grad(lambda v, f=f: ab.from_torch(f, mode="translate")(v).sum())(
+            x.detach().numpy())
+        assert_close(got, want.numpy())
+
+
+def test_arguments_that_are_not_arrays():
+    """A number given positionally (an operand, as in every mode), None, and a module's
+    static keyword (a number, a string, a flag) are what torch's program is captured
+    with."""
+    x = np.arange(3.0)
+    scale = lambda a, s: a * s  # noqa: E731
+    maybe = lambda a, b: a if b is None else a + b  # noqa: E731
+    for mode in ("auto", "translate"):
+        for s_ in (2.5, 2, True):
+            assert_close(ab.from_torch(scale, mode=mode)(x, s_), x * s_)
+        assert_close(ab.from_torch(maybe, mode=mode)(x, None), x)
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, v, alpha=1.0, act="none"):
+            y = self.lin(v) * alpha
+            return torch.tanh(y) if act == "tanh" else y
+    m = Scaled().double()
+    for mode in ("auto", "translate"):
+        for kw in (dict(alpha=3.0), dict(act="tanh")):
+            assert_close(ab.from_torch(m, mode=mode)(_params(m), x, **kw),
+                         m(torch.from_numpy(x), **kw).detach().numpy())
+
+
+def test_a_setting_changed_after_a_call_is_read_again():
+    """A capture bakes in a module's numbers and a function's closed-over ones: changing
+    one after a call makes the next call capture again, as ``"call"`` reads them anew."""
+    x = np.array([-2.0, -1.0, 1.0])
+    act = nn.LeakyReLU(0.1)
+    s = 2.0
+    scaled = lambda v: v * s  # noqa: E731
+    for mode in ("auto", "translate"):
+        act.negative_slope, s = 0.1, 2.0
+        op, fn = ab.from_torch(act, mode=mode), ab.from_torch(scaled, mode=mode)
+        op({}, x), fn(x)
+        act.negative_slope, s = 0.5, 5.0
+        assert_close(op({}, x), act(torch.from_numpy(x)).numpy())
+        assert_close(fn(x), x * 5.0)
+
+
+def test_params_must_be_the_modules_shapes_and_dtypes():
+    ln = nn.LayerNorm(4)
+    params = {**_params(ln), "weight": jnp.ones(1)}
+    for mode in ("auto", "translate"):
+        with pytest.raises(TypeError, match=r"params\['weight'\] has shape \(1,\)"):
+            ab.from_torch(ln, mode=mode)(params, np.ones((2, 4), np.float32))
+
+
+def test_nan_is_largest_in_a_descending_sort_and_has_sign_0():
+    v = np.array([1.0, np.nan, 3.0, -np.inf, np.inf, 2.0, 3.0])
+    for f in (lambda a: a.sort(descending=True, stable=True)[1], lambda a: a.sign(),
+              lambda a: a.sort(descending=True)[0], lambda a: a.sgn()):
+        np.testing.assert_array_equal(ab.from_torch(f, mode="translate")(v),
+                                      f(torch.from_numpy(v)).numpy())
+
+
+def test_programs_captured_on_several_threads_at_once():
+    """torch.export sets process-wide state: captures of different ops, on four threads at
+    once, each get their own program, and none falls back to a torch call."""
+    fns = [lambda v, i=i: torch.tanh(v) * (i + 1) + v.sum() for i in range(4)]
+    ops = [ab.from_torch(f) for f in fns]
+    failed: list = []
+
+    def work(i):
+        try:
+            for n in (3, 4):
+                x = np.linspace(-1.0, 1.0, n * (i + 1))
+                assert_close(ops[i](x), fns[i](torch.from_numpy(x)).numpy())
+                assert not ops[i].fn.program(x).whole_call
+        except Exception as e:  # noqa: BLE001
+            failed.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
 
 
 def test_a_node_left_to_torch_returns_its_int64_as_int32_where_x64_is_off():

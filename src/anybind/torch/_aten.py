@@ -192,6 +192,11 @@ for _names, _fn in [
 ]:
     rule(*_names)(_elementwise(_fn, compute="promote"))
 
+def _sign(x):
+    """torch's sign: 0 for NaN (a complex NaN's ``sgn`` stays NaN)."""
+    return jnp.sign(x) if jnp.iscomplexobj(x) else jnp.where(jnp.isnan(x), 0, jnp.sign(x))
+
+
 for _name, _fn in [
     ("abs", jnp.abs), ("neg", jnp.negative), ("exp", jnp.exp), ("exp2", jnp.exp2),
     ("expm1", jnp.expm1), ("log", jnp.log), ("log1p", jnp.log1p), ("log2", jnp.log2),
@@ -201,10 +206,10 @@ for _name, _fn in [
     ("asinh", jnp.arcsinh), ("acosh", jnp.arccosh), ("atanh", jnp.arctanh),
     ("erf", jax.scipy.special.erf), ("erfc", jax.scipy.special.erfc),
     ("erfinv", jax.scipy.special.erfinv), ("floor", jnp.floor), ("ceil", jnp.ceil),
-    ("trunc", jnp.trunc), ("sign", jnp.sign), ("reciprocal", jnp.reciprocal),
+    ("trunc", jnp.trunc), ("sign", _sign), ("reciprocal", jnp.reciprocal),
     ("sigmoid", jax.nn.sigmoid), ("relu", jax.nn.relu), ("bitwise_not", jnp.invert),
     ("lgamma", jax.scipy.special.gammaln), ("digamma", jax.scipy.special.digamma),
-    ("sgn", jnp.sign), ("angle", jnp.angle), ("i0", jax.scipy.special.i0),
+    ("sgn", _sign), ("angle", jnp.angle), ("i0", jax.scipy.special.i0),
     ("special_i0e", jax.scipy.special.i0e), ("special_i1", jax.scipy.special.i1),
     ("special_i1e", jax.scipy.special.i1e), ("special_ndtri", jax.scipy.special.ndtri),
 ]:
@@ -243,14 +248,25 @@ def _silu(node, x):
     return jax.nn.silu(_cast(x, _acc(node.dtype)))
 
 
-def _clip(x, low=None, high=None):
-    """``x`` clipped to number bounds, with torch's derivative: 0 at a bound (``jnp.clip``'s
-    is 1/2 there), and NaN kept."""
+def _clip(x, low=None, high=None, closed=False):
+    """``x`` clipped to its bounds, NaN kept; its derivative at a bound is 0 (``jnp.clip``'s
+    is 1/2), or 1 where ``closed``."""
     if low is not None:
-        x = jnp.where(x <= low, jnp.asarray(low, x.dtype), x)
+        x = jnp.where(x < low if closed else x <= low, _cast(low, x.dtype), x)
     if high is not None:
-        x = jnp.where(x >= high, jnp.asarray(high, x.dtype), x)
+        x = jnp.where(x > high if closed else x >= high, _cast(high, x.dtype), x)
     return x
+
+
+@functools.cache
+def _clamp_ties() -> tuple[float, float]:
+    """The derivative torch's ``clamp`` gives ``x`` at a number bound and at a tensor bound:
+    1 and 1 up to torch 2.14, 0 and 1/2 from 2.15 (pytorch/pytorch#191142), read from the
+    torch installed."""
+    x = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    number = torch.autograd.grad(torch.clamp(x, min=0.0), x)[0]
+    tensor = torch.autograd.grad(torch.clamp(x, min=torch.zeros((), dtype=x.dtype)), x)[0]
+    return float(number), float(tensor)
 
 
 @rule("hardtanh.default")
@@ -280,9 +296,12 @@ def _softplus(node, x, beta=1.0, threshold=20.0):
 def _clamp(node, x, min=None, max=None):  # noqa: A002  (torch's names)
     d = _acc(node.dtype)
     x = _cast(x, d)
-    if not (_is_array(min) or _is_array(max)):  # number bounds; tensor ones share ties
-        return _clip(x, min, max)
-    if min is not None:
+    number, tensor = _clamp_ties()
+    if not (_is_array(min) or _is_array(max)):
+        return _clip(x, min, max, closed=number == 1)
+    if tensor == 1:  # ties: all to x
+        return _clip(x, min, max, closed=True)
+    if min is not None:  # ties shared, as jnp.maximum shares them
         x = jnp.maximum(x, _cast(min, d))
     if max is not None:
         x = jnp.minimum(x, _cast(max, d))
@@ -456,15 +475,14 @@ def _normal(node, mean, std=1.0, *size, **kw):  # torch.normal has no derivative
 @rule("_standard_gamma.default", random=True)
 def _standard_gamma(node, alpha, **kw):
     """Gamma(alpha, 1) draws, differentiated in ``alpha`` implicitly through the CDF, the
-    reparameterization torch's ``_standard_gamma_grad`` computes."""
+    reparameterization torch's derivative of them computes."""
     return jax.random.gamma(node.key(), _cast(alpha, _acc(node.dtype)), node.shape)
 
 
 @rule("_sample_dirichlet.default", random=True)
 def _sample_dirichlet(node, alpha, **kw):
     """Dirichlet draws as normalized Gamma draws, differentiated through them: an unbiased
-    reparameterization gradient, as torch's ``_dirichlet_grad`` is, but not the same one
-    draw by draw."""
+    reparameterization gradient, as torch's own is, but not the same one draw by draw."""
     return jax.random.dirichlet(node.key(), _cast(alpha, _acc(node.dtype)), node.shape[:-1])
 
 
@@ -1216,9 +1234,8 @@ def _log_softmax(node, x, dim, half_to_float=False):
 def _sort(node, x, dim=-1, descending=False, *, stable=False):
     if x.ndim == 0:
         return x, jnp.zeros((), node.dtypes[1])
-    dim = dim % x.ndim
-    key = -x if descending else x
-    idx = jnp.argsort(key, axis=dim, stable=True)
+    dim = dim % x.ndim  # stable either way; NaN is the largest, as in torch
+    idx = jnp.argsort(x, axis=dim, stable=True, descending=descending)
     return jnp.take_along_axis(x, idx, axis=dim), idx
 
 

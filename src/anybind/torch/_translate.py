@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import tree_util
+from torch.export.graph_signature import TensorArgument
 
 from .. import _api
 from ..core._op import core_of
@@ -99,12 +100,13 @@ def from_torch(fn, *, mode: str, check: bool, torch_only: list, bridges, **opts)
                                                                    check=check))
 
 
-_FLAGS = "__anybind_training__"  # a module's train/eval flags, as a static keyword
+_FLAGS = "__anybind_training__"  # the settings a capture bakes in, as a static keyword
 
 
 class Captured(_api.Op):
-    """The handle of a translated op: a module op's calls carry the module's train/eval
-    flags as a static keyword, so that switching them after a call makes another
+    """The handle of a translated op: its calls carry the settings a capture bakes in
+    (``_settings``: a module's train/eval flags and attributes, a function's closed-over
+    numbers) as a static keyword, so that changing one after a call makes another
     ``Call`` of the op, and so another capture (a compiled program keeps its own)."""
 
     def __call__(self, *args, **kw):
@@ -117,14 +119,18 @@ class Captured(_api.Op):
             plain = {k: v for k, v in kw.items() if k != "key"}
             if t.impure:
                 return t.call_op()(*args, **plain)
-            prog, _ = t.capture(args, plain, kw.get("key"))
+            leaves, tree = tree_util.tree_flatten(args)  # numbers as the op takes them
+            operands = tree.unflatten([jnp.asarray(a) if isinstance(a, int | float | complex)
+                                       else a for a in leaves])
+            prog, _ = t.capture(operands, plain, kw.get("key"))
             if prog.whole_call:  # mode="call"'s op itself, with its draws and rules
                 return t.call_op()(*args, **plain)
             if prog.drawing is not None:  # the call's seeds, carried as mode="call" does
                 kw[_draws.DRAWS] = t.draws.seeds_for([a for a in leaves
                                                      if hasattr(a, "dtype")])
-        if t.module is not None:
-            kw[_FLAGS] = tuple(m.training for m in t.module.modules())
+        settings = _settings(t.fn)
+        if settings:
+            kw[_FLAGS] = settings
         return core(*args, **kw)
 
 
@@ -176,7 +182,7 @@ class Translated:
     def capture(self, args, kw: dict, key) -> tuple:
         """(the ``Program`` for a call with these arguments, captured on first use, and
         the call's array keywords)."""
-        arrays, static, sig = _signature(args, kw, key, self.module)
+        arrays, static, sig = _signature(args, kw, key, self.fn)
         with self.lock:
             prog = self.programs.get(sig)
             if prog is None:
@@ -184,7 +190,7 @@ class Translated:
         return prog, arrays
 
     def __call__(self, *args, key=None, **kw):
-        kw.pop(_FLAGS, None)  # (the signature reads the module's flags itself)
+        kw.pop(_FLAGS, None)  # (the signature reads the settings itself)
         seeds = kw.pop(_draws.DRAWS, None)
         if self.impure:
             return self.call_op()(*args, **kw)
@@ -196,19 +202,43 @@ class Translated:
     def program(self, *args, key=None, **kw) -> Program:
         """The ``Program`` a call with these arguments runs (captured on first use)."""
         jax.eval_shape(lambda a, k: self(*a, key=key, **k), args, kw)
-        return self.programs[_signature(args, kw, key, self.module)[2]]
+        return self.programs[_signature(args, kw, key, self.fn)[2]]
 
 
-def _signature(args, kw, key, module=None) -> tuple:
+def _settings(fn) -> tuple:
+    """The plain Python values a capture bakes in and a later call could see changed: each
+    module's numbers, strings and flags (``training``, ``negative_slope``, ...), or the
+    numbers and strings a function closes over."""
+    if isinstance(fn, torch.nn.Module):
+        return tuple(item for m in fn.modules() for item in m.__dict__.items()
+                     if _baked(item[1]))
+    found = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            continue
+        if _baked(v):
+            found.append(v)
+    return tuple(found)
+
+
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
+def _baked(v) -> bool:
+    return type(v) in _PLAIN or (type(v) is tuple and all(map(_baked, v)))
+
+
+def _signature(args, kw, key, fn=None) -> tuple:
     """(array keywords, static keywords, the call signature a program is captured for:
-    with a module's train/eval flags, which its capture bakes in)."""
+    with the settings its capture bakes in, ``_settings``)."""
     arrays = {k: v for k, v in kw.items() if _is_array(v)}
     static = {k: v for k, v in kw.items() if k not in arrays}
     sig = (tree_util.tree_structure((args, arrays)),
            tuple((tuple(np.shape(a)), np.dtype(a.dtype))
                  for a in tree_util.tree_leaves((args, arrays))),
-           _static_key(static), key is not None,
-           None if module is None else tuple(m.training for m in module.modules()))
+           _static_key(static), key is not None, _settings(fn))
     return arrays, static, sig
 
 
@@ -242,6 +272,8 @@ class _Wrapper(torch.nn.Module):
     def forward(self, *args, **kw):
         return self.fn(*args, **kw, **self.static)
 
+
+_CAPTURING = threading.Lock()
 
 # torch.export's notice about LSTM's internal weight list, which it lifts as it should
 _LSTM_NOTICE = r"The tensor attributes .*_flat_weights.* were assigned during export"
@@ -278,8 +310,9 @@ class Program:
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
                 warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
-                captured = torch.export.export(module, ex[0], kwargs)
-                ep = _without_unruled(_torch.to_core_aten(captured, keep=_aten.KEPT))
+                with _CAPTURING:  # torch.export sets process-wide state: one at a time
+                    captured = torch.export.export(module, ex[0], kwargs)
+                    ep = _without_unruled(_torch.to_core_aten(captured, keep=_aten.KEPT))
                 for k, v in module.state_dict().items():  # capture changes nothing
                     if not torch.equal(v, kept[k]):
                         v.copy_(kept[k])
@@ -347,12 +380,15 @@ class Program:
         missing = []
         for spec in sig.input_specs:
             kind = spec.kind.name
-            if kind == "USER_INPUT":
-                i = next(user)
-                self.sources.append(("user", i))
+            if kind == "USER_INPUT" and not isinstance(spec.arg, TensorArgument):
+                self.sources.append(("value", getattr(spec.arg, "value", None)))  # None,
+            elif kind == "USER_INPUT":                         # a static keyword's number
+                self.sources.append(("user", next(user)))
             elif kind in ("PARAMETER", "BUFFER"):
                 given = [n for n in names.get(spec.target, [spec.target]) if n in params]
                 if given:
+                    _check_param(t.name, given[0], params[given[0]],
+                                 ep.graph.find_nodes(op="placeholder")[len(self.sources)])
                     self.sources.append((kind.lower(), given[0]))
                 elif spec.target in ep.constants:  # a buffer kept out of state_dict
                     self.sources.append(("const", ep.constants[spec.target]))
@@ -479,6 +515,8 @@ class Program:
                 values.append(jax.lax.stop_gradient(params[what]))
             elif kind == "token":
                 values.append(jnp.zeros((0,), jnp.float32))
+            elif kind == "value":
+                values.append(what)
             else:
                 values.append(_constant(what))
         with jax.numpy_rank_promotion("allow"):  # torch broadcasts across ranks
@@ -634,6 +672,19 @@ class Node:
             d = torch.result_type(*ops[:2]) if isinstance(ops[0], torch.Tensor) else \
                 torch.result_type(ops[1], ops[0]) if isinstance(ops[1], torch.Tensor) else d
         return _np(d)
+
+
+def _check_param(op: str, name: str, given, placeholder) -> None:
+    """A parameter or buffer given as the module's own is: the capture computes with the
+    module's shapes and dtypes, not the given array's."""
+    own = placeholder.meta.get("val")
+    if not isinstance(own, torch.Tensor):
+        return
+    want = (tuple(own.shape), _np(own.dtype))
+    got = (tuple(np.shape(given)), jax.dtypes.canonicalize_dtype(given.dtype))
+    if got != want:
+        raise TypeError(f"anybind op '{op}': params['{name}'] has shape {got[0]} and dtype "
+                        f"{got[1]}; the module's is {want[0]}, {want[1]}")
 
 
 def _np(d) -> np.dtype:
