@@ -150,6 +150,11 @@ for _names, _fn in [
      jnp.bitwise_or),
     (("bitwise_xor.Tensor", "bitwise_xor.Scalar", "__xor__.Tensor", "__xor__.Scalar"),
      jnp.bitwise_xor),
+    # a shift by the width or more, or by a negative count: 0, or the sign (XLA's, torch's)
+    (("__lshift__.Tensor", "__lshift__.Scalar", "bitwise_left_shift.Tensor",
+      "bitwise_left_shift.Tensor_Scalar"), jnp.left_shift),
+    (("__rshift__.Tensor", "__rshift__.Scalar", "bitwise_right_shift.Tensor",
+      "bitwise_right_shift.Tensor_Scalar"), jnp.right_shift),
     (("pow.Tensor_Tensor", "pow.Tensor_Scalar"), jnp.power),
     (("fmax.default",), jnp.fmax), (("fmin.default",), jnp.fmin),
     (("nextafter.default",), jnp.nextafter),
@@ -277,6 +282,21 @@ def _hardtanh(node, x, min_val=-1.0, max_val=1.0):
 @rule("leaky_relu.default")
 def _leaky_relu(node, x, negative_slope=0.01):
     return jnp.where(x > 0, x, x * negative_slope)
+
+
+def _training(n) -> bool:
+    return bool(n.args[4] if len(n.args) > 4 else n.kwargs.get("training", False))
+
+
+@rule("rrelu_with_noise_functional.default", random=_training)
+def _rrelu(node, x, noise, lower=0.125, upper=1 / 3, training=False, generator=None):
+    """Eval: a leaky ReLU of the mean slope. Train: each element at or below 0 scaled by a
+    slope drawn from U(lower, upper), which ``noise`` returns (1 elsewhere)."""
+    if not training:
+        return jnp.where(x > 0, x, x * ((lower + upper) / 2)), noise
+    slope = jax.random.uniform(node.key(), x.shape, _acc(x.dtype), lower, upper)
+    low = x <= 0
+    return jnp.where(low, x * slope, x), jnp.where(low, slope, 1)
 
 
 @rule("elu.default")

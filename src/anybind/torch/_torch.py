@@ -253,3 +253,37 @@ def decompositions(ops) -> dict:
     decomposes those and keeps every other op, CompositeImplicit ones included, 2.6.)"""
     from torch._decomp import decomposition_table
     return {op: decomposition_table[op] for op in ops if op in decomposition_table}
+
+
+# ------------------------------------------------------- export's provenance
+
+def made_from(node):
+    """Every source torch's export and decompositions record for an fx node, nearest
+    first: its ``meta["from_node"]``, each source's own sources after it (2.6)."""
+    todo = list(node.meta.get("from_node") or ())
+    while todo:
+        src = todo.pop(0)
+        yield src
+        todo[:0] = getattr(src, "from_node", None) or ()
+
+
+def is_detach(node) -> bool:
+    """Whether decomposition made an fx node from ``aten.detach`` (an ``alias`` after it;
+    ``meta["original_aten"]``, 2.1)."""
+    return str(node.meta.get("original_aten")) == "aten.detach.default"
+
+
+def no_grad_blocks(ep) -> dict:
+    """A captured program's ``torch.no_grad()`` blocks: each ``higher_order.
+    wrap_with_set_grad_enabled(False, submodule, ...)`` node by name, with its
+    submodule's nodes (training IR, 2.5)."""
+    return {n.name: list(getattr(ep.graph_module, n.args[1].target).graph.nodes)
+            for n in ep.graph.nodes if n.op == "call_function"
+            and "wrap_with_set_grad_enabled" in str(n.target) and n.args[0] is False}
+
+
+def from_block(source, blocks: dict) -> bool:
+    """Whether a provenance source (``made_from``) is one of ``blocks`` (``no_grad_blocks``;
+    a source names a block's node and its higher-order op, 2.6)."""
+    return (getattr(source, "name", None) in blocks
+            and "wrap_with_set_grad_enabled" in str(getattr(source, "target", "")))

@@ -119,9 +119,8 @@ class Captured(_api.Op):
             plain = {k: v for k, v in kw.items() if k != "key"}
             if t.impure:
                 return t.call_op()(*args, **plain)
-            leaves, tree = tree_util.tree_flatten(args)  # numbers as the op takes them
-            operands = tree.unflatten([jnp.asarray(a) if isinstance(a, int | float | complex)
-                                       else a for a in leaves])
+            operands = tree_util.tree_map(  # numbers as the op takes them
+                lambda a: jnp.asarray(a) if isinstance(a, int | float | complex) else a, args)
             prog, _ = t.capture(operands, plain, kw.get("key"))
             if prog.whole_call:  # mode="call"'s op itself, with its draws and rules
                 return t.call_op()(*args, **plain)
@@ -306,13 +305,14 @@ class Program:
         module = t.module if t.module is not None else _Wrapper(t.fn, static)
         kwargs = {**ex[1], **(static if t.module is not None else {})}
         try:
-            with warnings.catch_warnings():
+            # torch.export sets process-wide state, and so do warning filters: one
+            # capture at a time
+            with _CAPTURING, warnings.catch_warnings():
                 warnings.filterwarnings("ignore", _LSTM_NOTICE, UserWarning)
                 warnings.filterwarnings("ignore", _LEAFSPEC_NOTICE, FutureWarning)
                 kept = {k: v.detach().clone() for k, v in module.state_dict().items()}
-                with _CAPTURING:  # torch.export sets process-wide state: one at a time
-                    captured = torch.export.export(module, ex[0], kwargs)
-                    ep = _without_unruled(_torch.to_core_aten(captured, keep=_aten.KEPT))
+                captured = torch.export.export(module, ex[0], kwargs)
+                ep = _without_unruled(_torch.to_core_aten(captured, keep=_aten.KEPT))
                 for k, v in module.state_dict().items():  # capture changes nothing
                     if not torch.equal(v, kept[k]):
                         v.copy_(kept[k])
@@ -330,16 +330,15 @@ class Program:
                 f"shapes or dtypes ({_outputs(captured)} become {_outputs(ep)})")
             return
         self.ep, self.graph = ep, ep.graph_module.graph
-        blocks = {n.name: n for n in captured.graph.nodes if n.op == "call_function"
-                  and "wrap_with_set_grad_enabled" in str(n.target) and n.args[0] is False}
+        blocks = _torch.no_grad_blocks(captured)
         if blocks and t.mode == "auto":  # torch's forward mode goes through a no_grad
             self.whole_call = True        # block, which one JAX derivative cannot follow
             return
         self.stopped = _not_differentiated(blocks, self.graph)
         self.passed, other = _written_through_detach(self.graph, self.stopped)
-        other += [name for name, b in blocks.items() if any(  # torch keeps the derivatives
-            _writes(n) for n in getattr(captured.graph_module, b.args[1].target).graph.nodes)]
-        if other:  # of a tensor written there, which the block's nodes here have lost
+        other += [name for name, nodes in blocks.items()  # torch keeps the derivatives of a
+                  if any(map(_writes, nodes))]  # tensor written there, which the block's
+        if other:                               # nodes here have lost
             self._cannot_translate(
                 f"node(s) {other[:4]} write in place into a tensor in a torch.no_grad() "
                 f"block, or through a detached view that the program reads again")
@@ -748,20 +747,6 @@ def _as_recorded(out, info: Node, name: str):
     return got[0] if single else tuple(got)
 
 
-def _sources(node):
-    """Where torch's export and decompositions made ``node`` from: its ``from_node``
-    provenance, each source's own sources after it."""
-    for src in node.meta.get("from_node") or ():
-        yield src
-        yield from _sources(src) if hasattr(src, "meta") else _provenance(src)
-
-
-def _provenance(src):
-    for s in getattr(src, "from_node", None) or ():
-        yield s
-        yield from _provenance(s)
-
-
 def _not_differentiated(blocks, graph) -> set:
     """The nodes of the decomposed ``graph`` whose results torch's reverse mode records no
     derivative of: a ``detach`` (an ``alias`` after decomposition), and every node made
@@ -769,10 +754,8 @@ def _not_differentiated(blocks, graph) -> set:
     the captured program named in ``blocks``, inlined by decomposition; named in each
     node's provenance)."""
     stopped = {n for n in graph.nodes if n.op == "call_function" and (
-        _detach(n) or any(getattr(s, "name", None) in blocks
-               and "wrap_with_set_grad_enabled" in str(getattr(s, "target", ""))
-               for s in _sources(n)))}
-    if blocks and all(_detach(n) for n in stopped):
+        _torch.is_detach(n) or any(_torch.from_block(s, blocks) for s in _torch.made_from(n)))}
+    if blocks and all(map(_torch.is_detach, stopped)):
         raise AssertionError(f"torch {torch.__version__} named no node made from the "
                              f"torch.no_grad() block(s) {sorted(blocks)}")
     return stopped
@@ -788,27 +771,23 @@ def _written_through_detach(graph, stopped: set) -> tuple[dict, list]:
     for n in graph.nodes:
         if (n.op != "call_function" or n in stopped
                 or not any(i in stopped for i in _tensor_inputs(n))
-                or not any(_writes(s) for s in _sources(n))):
+                or not any(map(_writes, _torch.made_from(n)))):
             continue
         view = n.args[0] if n.args else None
         again = [u for u in n.users if str(u.target) == "aten.alias.default"]
-        if view in stopped and _detach(view) and not again:
+        if view in stopped and _torch.is_detach(view) and not again:
             passed[n] = view.args[0]
         else:
             other.append(n.name)
     return passed, other
 
 
-def _detach(node) -> bool:
-    return str(node.meta.get("original_aten")) == "aten.detach.default"
-
-
 def _writes(source) -> bool:
-    """Whether the ATen op a node was made from (a ``from_node`` source, which names it
-    as ``"aten.add_.Tensor"``) writes into one of its arguments (``x.add_``, ``out=``)."""
+    """Whether the ATen op of an fx node, or of a provenance source (which names it as
+    ``"aten.add_.Tensor"``), writes into one of its arguments (``x.add_``, ``out=``)."""
     name, _, overload = str(getattr(source, "target", "")).removeprefix("aten.").partition(".")
     try:
-        schema = getattr(getattr(torch.ops.aten, name), overload)._schema
+        schema = _torch.schema_of(getattr(getattr(torch.ops.aten, name), overload))
     except (AttributeError, RuntimeError):  # not an ATen op: a placeholder, a block
         return False
     return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
