@@ -636,7 +636,10 @@ def test_counting_and_bit_level_ops_agree_with_torch_exactly(dtype):
            lambda a, s: torch.nonzero_static(a > 0, size=8),
            lambda a, s: torch.nonzero_static(a > 5, size=2, fill_value=7),
            lambda a, s: (a.abs() * 40).to(torch.uint8) >> 2 | (a * 40).to(torch.int32) << 3,
-           lambda a, s: (a * 40).to(torch.int64) >> torch.tensor([0, 1, 7, 63, 64, 70])]
+           lambda a, s: (a * 40).to(torch.int64) >> torch.tensor([0, 1, 7, 63, 64, 70]),
+           lambda a, s: F.max_pool1d(a[None], 3, 2, padding=1, return_indices=True)[1],
+           lambda a, s: F.max_pool2d(a.round()[None], 2, 1, dilation=(1, 2), ceil_mode=True,
+                                     return_indices=True)[1]]
     for fn in fns:
         got = ab.from_torch(fn, mode="translate")(a.numpy(), s.numpy())
         want = fn(a, s)
@@ -1197,6 +1200,9 @@ OPS = {
         torch.ops.aten.select_copy.int(a, 1, 0).flatten(),
         torch.ops.aten.slice_copy.Tensor(a, 1, 1, 3).flatten(),
         torch.ops.aten.upsample_nearest2d(a[None], [5, 7]).flatten()]), _shapes((2, 4, 3))),
+    # max pooling's indices, read by unpooling
+    "max_unpool": (lambda a: F.max_unpool2d(*F.max_pool2d(a, 2, return_indices=True), 2),
+                   _shapes((1, 2, 4, 6))),
     # eval mode: a leaky ReLU of the mean slope
     "rrelu_eval": (lambda a: F.rrelu(a, 0.1, 0.3, training=False), _shapes((3, 4))),
     # the embedding losses make their zeros with empty_permuted

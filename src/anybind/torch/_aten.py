@@ -1638,15 +1638,32 @@ def _pool_args(x, kernel, stride, padding, dilation, ceil_mode, nsp):
 
 
 @rule("max_pool2d_with_indices.default", "max_pool3d_with_indices.default",
-      "max_pool1d_with_indices.default", supports=_only_first_output)
+      "max_pool1d_with_indices.default")
 def _max_pool(node, x, kernel_size, stride=(), padding=(0,), dilation=(1,), ceil_mode=False):
     nsp = int(node.node.target.__name__.split("max_pool")[1][0])
     win, strides, pads, dil = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode,
                                          nsp)
-    init = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else np.iinfo(x.dtype).min
-    y = lax.reduce_window(x, np.array(init, x.dtype), lax.max, win, strides, pads,
-                          window_dilation=dil)
-    return y, None  # the indices: no node reads them (SUPPORTS)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    init = np.array(-np.inf if floating else np.iinfo(x.dtype).min, x.dtype)
+    y = lax.reduce_window(x, init, lax.max, win, strides, pads, window_dilation=dil)
+    if not _reads(node.node) - {0}:
+        return y, None
+    # the indices into each input plane, as torch's kernel picks them: the first of equal
+    # maxima, a NaN over any number (the last NaN); padding never
+    plane = x.shape[x.ndim - nsp:]
+    at = jnp.broadcast_to(jnp.arange(math.prod(plane), dtype=node.dtypes[1]).reshape(plane),
+                          x.shape)
+
+    def pick(a, b):
+        (va, ia), (vb, ib) = a, b
+        nan_a, nan_b = (jnp.isnan(va), jnp.isnan(vb)) if floating else (False, False)
+        b_wins = ((vb > va) | ((vb == va) & (ib < ia)) | (nan_b & ~nan_a)
+                  | (nan_a & nan_b & (ib > ia)))
+        return jnp.where(b_wins, vb, va), jnp.where(b_wins, ib, ia)
+    _, at = lax.reduce_window((lax.stop_gradient(x), at),
+                              (init, np.array(np.iinfo(at.dtype).max, at.dtype)), pick,
+                              win, strides, pads, window_dilation=dil)
+    return y, at
 
 
 @rule("avg_pool2d.default", "avg_pool3d.default", "avg_pool1d.default")
