@@ -266,8 +266,8 @@ def _clip(x, low=None, high=None, closed=False):
 @functools.cache
 def _clamp_ties() -> tuple[float, float]:
     """The derivative torch's ``clamp`` gives ``x`` at a number bound and at a tensor bound:
-    1 and 1 up to torch 2.14, 0 and 1/2 from 2.15 (pytorch/pytorch#191142), read from the
-    torch installed."""
+    1 and 1 in torch 2.13, 0 and 1/2 in 2.15 (pytorch/pytorch#191142), read from the torch
+    installed."""
     x = torch.zeros((), dtype=torch.float64, requires_grad=True)
     number = torch.autograd.grad(torch.clamp(x, min=0.0), x)[0]
     tensor = torch.autograd.grad(torch.clamp(x, min=torch.zeros((), dtype=x.dtype)), x)[0]
