@@ -832,6 +832,26 @@ def test_arguments_that_are_not_arrays():
                          m(torch.from_numpy(x), **kw).detach().numpy())
 
 
+def test_a_function_of_its_own_key_takes_it_by_keyword():
+    """Attention's ``key``: where the torch function has a parameter ``key``, ``key=``
+    that is not a JAX key is the function's argument; a typed JAX key is the op's."""
+    def attention(query, key, value):
+        return F.dropout(torch.softmax(query @ key.mT, -1) @ value, 0.5)
+    q = np.arange(6.0).reshape(2, 3) / 6
+    want = torch.softmax(torch.from_numpy(q) @ torch.from_numpy(q).mT, -1) @ torch.from_numpy(q)
+    for mode in ("auto", "translate"):
+        op = ab.from_torch(attention, mode=mode)
+        got = np.asarray(op(q, q, q, key=jax.random.key(1)))
+        kept = got != 0
+        assert 0 < kept.sum() < got.size
+        assert_close(got[kept], 2 * want.numpy()[kept])
+    for mode in ("auto", "translate"):
+        plain = ab.from_torch(lambda query, key, value: torch.softmax(query @ key.mT, -1)
+                              @ value, mode=mode)
+        assert_close(plain(q, key=q, value=q), want.numpy())
+        assert_close(jax.jit(lambda a, plain=plain: plain(a, key=a, value=a))(q), want.numpy())
+
+
 def test_a_setting_changed_after_a_call_is_read_again():
     """A capture bakes in a module's numbers and a function's closed-over ones: changing
     one after a call makes the next call capture again, as ``"call"`` reads them anew."""

@@ -31,6 +31,7 @@ torch's generator as ``mode="call"`` does (its derivatives replay its draws).
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import threading
 import warnings
@@ -101,6 +102,11 @@ def from_torch(fn, *, mode: str, check: bool, torch_only: list, bridges, **opts)
 
 
 _FLAGS = "__anybind_training__"  # the settings a capture bakes in, as a static keyword
+_OWN_KEY = "__anybind_key__"  # key= meant for a torch function that takes a `key` (attention)
+
+
+def _is_prng_key(v) -> bool:
+    return jnp.issubdtype(getattr(v, "dtype", None), jax.dtypes.prng_key)
 
 
 class Captured(_api.Op):
@@ -115,8 +121,10 @@ class Captured(_api.Op):
         leaves = tree_util.tree_leaves((args, kw))
         if any(isinstance(a, torch.Tensor) for a in leaves):  # op.torch's call: torch's own
             return core(*args, **kw)
+        if t.takes_key and "key" in kw and not _is_prng_key(kw["key"]):  # the function's
+            kw[_OWN_KEY] = kw.pop("key")                                # own argument
         if t.mode == "auto":  # key= is JAX's: a torch call draws from torch's generator
-            plain = {k: v for k, v in kw.items() if k != "key"}
+            plain = {"key" if k == _OWN_KEY else k: v for k, v in kw.items() if k != "key"}
             if t.impure:
                 return t.call_op()(*args, **plain)
             operands = tree_util.tree_map(  # numbers as the op takes them
@@ -167,6 +175,11 @@ class Translated:
         self.lock = threading.Lock()
         self._call_op = None
         self.impure = _purity.impure(fn) if mode == "auto" else None
+        forward = fn.forward if self.module is not None else fn
+        try:
+            self.takes_key = "key" in inspect.signature(forward).parameters
+        except (TypeError, ValueError):  # a builtin
+            self.takes_key = False
         self.draws = _draws.Draws(fn, name)  # torch's generator, for "auto"'s random node
         self.__name__ = name
 
@@ -190,6 +203,8 @@ class Translated:
 
     def __call__(self, *args, key=None, **kw):
         kw.pop(_FLAGS, None)  # (the signature reads the settings itself)
+        if _OWN_KEY in kw:
+            kw["key"] = kw.pop(_OWN_KEY)
         seeds = kw.pop(_draws.DRAWS, None)
         if self.impure:
             return self.call_op()(*args, **kw)
