@@ -780,6 +780,28 @@ def _kinks(x):
         F.cosine_similarity(z, x[:3] + 1, dim=1), e.flatten(), f.flatten()])
 
 
+def test_a_scattered_product_differentiates_through_zeros_as_torch():
+    """Repeated indices, one zero among a place's factors: the first and second derivatives
+    are torch's (JAX's own scattered product has none where indices repeat)."""
+    index = torch.tensor([[2, 0, 2, 1], [2, 2, 0, 0], [1, 1, 1, 1]])
+    f = lambda a, b: a.scatter_reduce(0, index, b, "prod")  # noqa: E731
+    rng = np.random.default_rng(0)
+    a0, b0, va, vb = (rng.standard_normal((3, 4)) for _ in range(4))
+    b0[0, 0] = b0[1, 2] = a0[1, 3] = 0.0
+    a, b = (torch.tensor(v, requires_grad=True) for v in (a0, b0))
+    ct = rng.standard_normal((3, 4))
+    grads = torch.autograd.grad((f(a, b) * torch.from_numpy(ct)).sum(), (a, b), create_graph=True)
+    hvp = torch.autograd.grad(sum((g * torch.from_numpy(v)).sum()
+                                  for g, v in zip(grads, (va, vb), strict=True)), (a, b))
+    op = ab.from_torch(f, mode="translate")
+    grad = jax.grad(lambda u, v: jnp.sum(op(u, v) * ct), (0, 1))
+    assert_close(op(a0, b0), f(a, b).detach().numpy())
+    for got, want in zip(grad(a0, b0), grads, strict=True):
+        assert_close(got, want.detach().numpy())
+    for got, want in zip(jax.jvp(grad, (a0, b0), (va, vb))[1], hvp, strict=True):
+        assert_close(got, want.numpy())
+
+
 def test_derivatives_at_kinks_are_torchs():
     x = torch.tensor([[0.0, 1.0, -1.0], [1.0, 1.0, 0.5], [-1.0, 0.2, -1.0], [0.3, -0.4, 0.0]],
                      dtype=torch.float64, requires_grad=True)
