@@ -123,19 +123,19 @@ class Captured(_api.Op):
             return core(*args, **kw)
         if t.takes_key and "key" in kw and not _is_prng_key(kw["key"]):  # the function's
             kw[_OWN_KEY] = kw.pop("key")                                # own argument
+        settings = _settings(t.fn)
         if t.mode == "auto":  # key= is JAX's: a torch call draws from torch's generator
             plain = {"key" if k == _OWN_KEY else k: v for k, v in kw.items() if k != "key"}
             if t.impure:
                 return t.call_op()(*args, **plain)
             operands = tree_util.tree_map(  # numbers as the op takes them
                 lambda a: jnp.asarray(a) if isinstance(a, int | float | complex) else a, args)
-            prog, _ = t.capture(operands, plain, kw.get("key"))
+            prog, _ = t.capture(operands, plain, kw.get("key"), settings)
             if prog.whole_call:  # mode="call"'s op itself, with its draws and rules
                 return t.call_op()(*args, **plain)
             if prog.drawing is not None:  # the call's seeds, carried as mode="call" does
                 kw[_draws.DRAWS] = t.draws.seeds_for([a for a in leaves
                                                      if hasattr(a, "dtype")])
-        settings = _settings(t.fn)
         if settings:
             kw[_FLAGS] = settings
         return core(*args, **kw)
@@ -191,10 +191,10 @@ class Translated:
             self._call_op = self.make_call_op()
         return self._call_op
 
-    def capture(self, args, kw: dict, key) -> tuple:
-        """(the ``Program`` for a call with these arguments, captured on first use, and
-        the call's array keywords)."""
-        arrays, static, sig = _signature(args, kw, key, self.fn)
+    def capture(self, args, kw: dict, key, settings: tuple) -> tuple:
+        """(the ``Program`` for a call with these arguments and ``_settings``, captured on
+        first use, and the call's array keywords)."""
+        arrays, static, sig = _signature(args, kw, key, settings)
         with self.lock:
             prog = self.programs.get(sig)
             if prog is None:
@@ -202,21 +202,22 @@ class Translated:
         return prog, arrays
 
     def __call__(self, *args, key=None, **kw):
-        kw.pop(_FLAGS, None)  # (the signature reads the settings itself)
+        settings = kw.pop(_FLAGS, ())  # what the op's call was made for (Captured)
         if _OWN_KEY in kw:
             kw["key"] = kw.pop(_OWN_KEY)
         seeds = kw.pop(_draws.DRAWS, None)
         if self.impure:
             return self.call_op()(*args, **kw)
-        prog, arrays = self.capture(args, kw, key)
+        prog, arrays = self.capture(args, kw, key, settings)
         if prog.whole_call:  # "auto" where nothing of the program can be captured
             return self.call_op()(*args, **kw)
         return prog.run(args, arrays, key, seeds)
 
     def program(self, *args, key=None, **kw) -> Program:
         """The ``Program`` a call with these arguments runs (captured on first use)."""
-        jax.eval_shape(lambda a, k: self(*a, key=key, **k), args, kw)
-        return self.programs[_signature(args, kw, key, self.fn)[2]]
+        settings = _settings(self.fn)
+        jax.eval_shape(lambda a, k: self(*a, key=key, **k, **{_FLAGS: settings}), args, kw)
+        return self.programs[_signature(args, kw, key, settings)[2]]
 
 
 def _settings(fn) -> tuple:
@@ -244,7 +245,7 @@ def _baked(v) -> bool:
     return type(v) in _PLAIN or (type(v) is tuple and all(map(_baked, v)))
 
 
-def _signature(args, kw, key, fn=None) -> tuple:
+def _signature(args, kw, key, settings: tuple) -> tuple:
     """(array keywords, static keywords, the call signature a program is captured for:
     with the settings its capture bakes in, ``_settings``)."""
     arrays = {k: v for k, v in kw.items() if _is_array(v)}
@@ -252,7 +253,7 @@ def _signature(args, kw, key, fn=None) -> tuple:
     sig = (tree_util.tree_structure((args, arrays)),
            tuple((tuple(np.shape(a)), np.dtype(a.dtype))
                  for a in tree_util.tree_leaves((args, arrays))),
-           _static_key(static), key is not None, _settings(fn))
+           _static_key(static), key is not None, settings)
     return arrays, static, sig
 
 
@@ -392,7 +393,8 @@ class Program:
         names = _tied_names(t.module) if t.module is not None else {}
         self.buffer_names = []
         missing = []
-        for spec in sig.input_specs:
+        for spec, placeholder in zip(sig.input_specs, ep.graph.find_nodes(op="placeholder"),
+                                     strict=True):
             kind = spec.kind.name
             if kind == "USER_INPUT" and not isinstance(spec.arg, TensorArgument):
                 self.sources.append(("value", getattr(spec.arg, "value", None)))  # None,
@@ -401,8 +403,7 @@ class Program:
             elif kind in ("PARAMETER", "BUFFER"):
                 given = [n for n in names.get(spec.target, [spec.target]) if n in params]
                 if given:
-                    _check_param(t.name, given[0], params[given[0]],
-                                 ep.graph.find_nodes(op="placeholder")[len(self.sources)])
+                    _check_param(t.name, given[0], params[given[0]], placeholder)
                     self.sources.append((kind.lower(), given[0]))
                 elif spec.target in ep.constants:  # a buffer kept out of state_dict
                     self.sources.append(("const", ep.constants[spec.target]))
